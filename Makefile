@@ -1,0 +1,45 @@
+# gemma4-images: `make` lists what it can do. Every target sets up what it needs first.
+HW ?= cpu
+PY := .venv/bin/python
+PYTEST_ARGS ?= -m "not device"
+
+.DEFAULT_GOAL := help
+.PHONY: help host quickstart image images base render lint test list
+
+help: ## Show targets and variables
+	@echo "usage: make <target> [HW=<hardware>]"
+	@echo
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-11s %s\n", $$1, $$2}'
+	@echo
+	@echo "variables: HW=<target or alias> (default cpu; see 'make list'), PYTEST_ARGS (default -m \"not device\")"
+
+host: ## Install and start what builds need (Docker engine, mmdebstrap, Python venv)
+	@scripts/setup-host.sh
+
+quickstart: host ## Build the CPU image with no registry and show its launch and vLLM
+	$(PY) build.py base cpu
+	$(PY) build.py build cpu
+	docker run --rm --network host gemma4-e2b:xeon6-v0.30.0 --print-command
+	docker run --rm --network host --entrypoint vllm gemma4-e2b:xeon6-v0.30.0 --version
+
+list: host ## List every target with its base image and tag
+	@$(PY) build.py list
+
+image: host ## Build one image: make image HW=h100
+	$(PY) build.py build $(HW)
+
+images: host ## Build every target's image
+	$(PY) build.py build all
+
+base: host ## Build HW's local stand-in base without a registry (cpu only)
+	$(PY) build.py base $(HW)
+
+render: host ## Re-render Dockerfile.* and image/recipes/ from targets.yaml
+	$(PY) build.py render
+
+lint: host ## hadolint every rendered Dockerfile (ignores justified in .hadolint.yaml)
+	$(PY) build.py render --check
+	.venv/bin/hadolint --no-color Dockerfile.* bases/*/Dockerfile
+
+test: host ## Run the test suite (unit + integration with a real Docker engine)
+	$(PY) -m pytest $(PYTEST_ARGS)

@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""gemma4-images: build, run and inspect the Gemma 4 E2B IT serving images in targets.yaml."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import click
+
+from gemma4_images import images, matrix as matrix_mod, render, running, upstream
+from gemma4_images.docker_build import BaseUnavailable, BuildFailed, DockerUnavailable, connect, local_image
+from gemma4_images.localbase import LocalBaseError
+from gemma4_images.matrix import MatrixError
+
+EXPECTED = (MatrixError, DockerUnavailable, BaseUnavailable, LocalBaseError, upstream.UpstreamError)
+
+
+def fail(message: str, code: int = 1):
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+def log(line: str) -> None:
+    click.echo(line, err=True)
+
+
+def load():
+    try:
+        return matrix_mod.load()
+    except MatrixError as e:
+        fail(str(e), 2)
+
+
+def parse_build_args(pairs) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        if "=" not in pair:
+            fail(f"--build-arg {pair!r}: expected KEY=VALUE", 2)
+        key, value = pair.split("=", 1)
+        out[key] = value
+    return out
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def cli():
+    """Build, run and inspect the gemma4-e2b images defined in targets.yaml."""
+
+
+@cli.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def list_targets(as_json):
+    """Every target: name, family, base image, vLLM version, tag."""
+    m = load()
+    rows = [{"target": n, "aliases": t.aliases, "family": t.family, "hardware": t.hardware,
+             "base": t.base.ref, "vllm": m.project.vllm_version, "tag": m.tag(n)}
+            for n, t in m.targets.items()]
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    fmt = "{:<15} {:<7} {:<26} {:<44} {:<7} {}"
+    click.echo(fmt.format("TARGET", "FAMILY", "HARDWARE", "BASE", "VLLM", "TAG"))
+    for r in rows:
+        name = r["target"] + (f" ({','.join(r['aliases'])})" if r["aliases"] else "")
+        click.echo(fmt.format(name, r["family"], r["hardware"], r["base"], r["vllm"], r["tag"]))
+
+
+@cli.command("render")
+@click.option("--check", is_flag=True, help="Fail if the committed files differ from a fresh render.")
+def render_cmd(check):
+    """Write Dockerfile.<family> and image/recipes/*.json from targets.yaml and templates/."""
+    m = load()
+    if check:
+        stale = render.drift(m)
+        if stale:
+            fail("generated files are out of date: " + ", ".join(stale)
+                 + "\nfix: run `python build.py render` (or `make render`) and commit the result")
+        click.echo("generated files are up to date")
+        return
+    changed = render.write(m)
+    click.echo("wrote " + ", ".join(changed) if changed else "nothing to change")
+
+
+@cli.command("stage")
+def stage_cmd():
+    """Put the upstream files serve flags name under .build/ (needed by a plain `docker build`)."""
+    for path in upstream.stage(load()):
+        click.echo(path)
+
+
+@cli.command()
+@click.argument("targets", nargs=-1, required=True)
+@click.option("--base-image", help="Build on this image instead of the target's base.")
+@click.option("--tag", help="Tag to apply (default gemma4-e2b:<target>-v<vllm>); one target only.")
+@click.option("--no-cache", is_flag=True)
+@click.option("--dry-run", is_flag=True, help="Print the equivalent `docker build` and stop.")
+@click.option("--build-arg", "build_args", multiple=True, metavar="KEY=VALUE")
+@click.option("-v", "--verbose", is_flag=True, help="Stream every build step's output.")
+def build(targets, base_image, tag, no_cache, dry_run, build_args, verbose):
+    """Build TARGETS (names or aliases; `all` for every target)."""
+    m = load()
+    names = list(m.targets) if targets == ("all",) else []
+    try:
+        names = names or [m.resolve(t) for t in targets]
+    except MatrixError as e:
+        fail(str(e), 2)
+    if tag and len(names) > 1:
+        fail("--tag names one image; give one target", 2)
+    extra = parse_build_args(build_args)
+    if dry_run:
+        for name in names:
+            click.echo(images.dry_run(m, name, base_image, tag, no_cache, extra))
+        return
+    try:
+        client = connect()
+        for name in names:
+            built = images.build_target(client, m, name, base_override=base_image, tag=tag, nocache=no_cache,
+                                        extra_args=extra, log=log, verbose=verbose)
+            click.echo(built)
+    except BuildFailed as e:
+        click.echo("\n".join(f"  | {line}" for line in e.tail), err=True)
+        fail(f"{e}\nno image was tagged")
+    except EXPECTED as e:
+        fail(str(e))
+
+
+@cli.command()
+@click.argument("target")
+@click.option("--no-cache", is_flag=True)
+def base(target, no_cache):
+    """Build TARGET's local stand-in base with no registry (Debian packages + a host wheelhouse)."""
+    m = load()
+    try:
+        name = m.resolve(target)
+        click.echo(images.build_local_base(connect(), m, name, log, nocache=no_cache))
+    except BuildFailed as e:
+        click.echo("\n".join(f"  | {line}" for line in e.tail), err=True)
+        fail(f"{e}\nno image was tagged")
+    except EXPECTED as e:
+        fail(str(e))
+
+
+@cli.command(context_settings={"ignore_unknown_options": True})
+@click.argument("target")
+@click.option("--image", help="Image to run (default: the target's tag).")
+@click.option("--print", "print_only", is_flag=True, help="Print the `docker run` line and stop.")
+@click.option("-e", "--env", "env", multiple=True, metavar="KEY=VALUE",
+              help="GEMMA4_VARIANT, GEMMA4_FEATURES, GEMMA4_MODEL or any other variable.")
+@click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED)
+def run(target, image, print_only, env, vllm_args):
+    """Run TARGET's image with the recipe's device flags; VLLM_ARGS are appended to the launch."""
+    m = load()
+    try:
+        m.resolve(target)
+    except MatrixError as e:
+        fail(str(e), 2)
+    env_map = parse_build_args(env)
+    line = running.run_line(m, target, image, env_map, list(vllm_args))
+    if print_only:
+        click.echo(line)
+        return
+    args = [os.path.expandvars(a) for a in running.run_args(m, target, image, env_map, list(vllm_args))]
+    log(line)
+    sys.exit(subprocess.call(args))
+
+
+@cli.command()
+@click.argument("image")
+def inspect(image):
+    """Labels, healthcheck and /etc/gemma4-e2b/build.json of a local IMAGE."""
+    try:
+        client = connect()
+        img = local_image(client, image)
+        if img is None:
+            fail(f"no local image {image!r}; build it first (`python build.py build <target>`)")
+        info = running.describe(img)
+        info["build.json"] = running.build_json(client, image)
+    except EXPECTED as e:
+        fail(str(e))
+    click.echo(json.dumps(info, indent=2))
+
+
+if __name__ == "__main__":
+    cli()

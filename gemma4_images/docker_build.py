@@ -1,0 +1,113 @@
+"""Talk to the Docker engine: connect, find or pull bases, build with streamed progress."""
+from __future__ import annotations
+
+import re
+import shlex
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import docker
+from docker.errors import APIError, DockerException, ImageNotFound
+
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+LOG_TAIL = 25
+
+
+class DockerUnavailable(Exception):
+    pass
+
+
+class BuildFailed(Exception):
+    def __init__(self, tag: str, step: str | None, error: str, tail: list[str]):
+        self.tag, self.step, self.error, self.tail = tag, step, error, tail
+        super().__init__(f"building {tag} failed at {step or 'the start'}: {error}")
+
+
+class BaseUnavailable(Exception):
+    pass
+
+
+def connect() -> docker.DockerClient:
+    """A client for a daemon that answers, or one clear line saying how to get one."""
+    try:
+        client = docker.from_env(timeout=900)
+        client.ping()
+        return client
+    except DockerException as e:
+        reason = str(e).split("(")[0].strip().rstrip(":") or type(e).__name__
+        raise DockerUnavailable(
+            f"cannot reach the Docker daemon ({reason}). Start it (`dockerd --bridge=none "
+            "--iptables=false &`, or `systemctl start docker`) or point DOCKER_HOST at one.") from None
+
+
+def local_image(client, ref: str):
+    try:
+        return client.images.get(ref)
+    except ImageNotFound:
+        return None
+
+
+def pull(client, ref: str) -> str | None:
+    """Pull ref; returns None on success, else the registry's reason in one line."""
+    repo, _, tag = ref.partition("@") if "@" in ref else ref.rpartition(":") if ":" in ref.split("/")[-1] \
+        else (ref, "", "latest")
+    try:
+        client.images.pull(repo, tag=tag or None)
+        return None
+    except (APIError, DockerException) as e:
+        text = getattr(e, "explanation", None) or str(e)
+        return text.strip().splitlines()[0][:300]
+
+
+def digest_of(image, configured: str | None) -> str:
+    """The base's registry digest when known, else its local image id (stable for local bases)."""
+    for repo_digest in image.attrs.get("RepoDigests") or []:
+        return repo_digest.split("@", 1)[1]
+    return configured or image.id
+
+
+@dataclass
+class BuildSpec:
+    dockerfile: str
+    tag: str
+    buildargs: dict[str, str]
+    context: Path
+    nocache: bool = False
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def command_line(self) -> str:
+        """The same build as a `docker build` command, for --dry-run and for people to read."""
+        parts = ["docker", "build", "--network", "host", "-f", self.dockerfile, "-t", self.tag]
+        if self.nocache:
+            parts.append("--no-cache")
+        for k, v in self.buildargs.items():
+            parts += ["--build-arg", f"{k}={v}"]
+        return shlex.join(parts + [str(self.context)])
+
+
+def build(client, spec: BuildSpec, log: Callable[[str], None], verbose: bool = False) -> str:
+    """Build spec; returns the image id. On failure raises BuildFailed; nothing is tagged and
+    forcerm removes the failed step's container."""
+    stream = client.api.build(path=str(spec.context), dockerfile=spec.dockerfile, tag=spec.tag,
+                              buildargs=spec.buildargs, network_mode="host", rm=True, forcerm=True,
+                              nocache=spec.nocache, pull=False, decode=True)
+    step, image_id, tail = None, None, deque(maxlen=LOG_TAIL)
+    for chunk in stream:
+        if "error" in chunk:
+            raise BuildFailed(spec.tag, step, ANSI.sub("", chunk["error"]).strip(), list(tail))
+        if "aux" in chunk and "ID" in chunk["aux"]:
+            image_id = chunk["aux"]["ID"]
+        for line in ANSI.sub("", chunk.get("stream", "")).splitlines():
+            if line.startswith("Step "):
+                step = line
+                log(f"  {line}")
+                tail.clear()
+            elif line.strip():
+                tail.append(line)
+                if verbose or line.strip() == "---> Using cache":
+                    log(f"    {line.strip()}")
+    if image_id is None:
+        raise BuildFailed(spec.tag, step, "the engine reported no image id", list(tail))
+    return image_id

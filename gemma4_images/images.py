@@ -1,0 +1,109 @@
+"""Build one target's image: pick its base, compute its facts (labels, build.json), build it."""
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from datetime import datetime, timezone
+
+from . import localbase, upstream
+from .docker_build import BaseUnavailable, BuildSpec, build, digest_of, local_image, pull
+from .entrypoint import BUILD_FACTS
+from .matrix import ROOT, Matrix
+from .render import dockerfile_name
+
+
+def _git(*args: str) -> str | None:
+    run = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
+    return run.stdout.strip() if run.returncode == 0 else None
+
+
+def revision() -> str:
+    sha = _git("rev-parse", "HEAD") or "unknown"
+    dirty = _git("status", "--porcelain", "--untracked-files=no")
+    return f"{sha}-dirty" if dirty else sha
+
+
+def created() -> str:
+    """SOURCE_DATE_EPOCH when set, else the commit's time: two builds of one commit agree."""
+    epoch = os.environ.get("SOURCE_DATE_EPOCH") or _git("log", "-1", "--format=%ct") or str(int(time.time()))
+    return datetime.fromtimestamp(int(epoch), tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def facts(matrix: Matrix, name: str, base_name: str, base_digest: str, fixes: str = "") -> dict[str, str]:
+    """Build args for the Dockerfile; the image's labels and build.json are made from these."""
+    tag = matrix.tag(name)
+    values = {
+        "GEMMA4_TITLE": f"{matrix.project.model} on vLLM {matrix.project.vllm_version} ({matrix.targets[name].hardware})",
+        "GEMMA4_SOURCE": matrix.project.source,
+        "GEMMA4_REVISION": revision(),
+        "GEMMA4_VERSION": tag.split(":", 1)[1],
+        "GEMMA4_CREATED": created(),
+        "GEMMA4_BASE_NAME": base_name,
+        "GEMMA4_BASE_DIGEST": base_digest,
+        "GEMMA4_TARGET": name,
+        "GEMMA4_MODEL_ID": matrix.project.model,
+        "GEMMA4_VLLM_VERSION": matrix.project.vllm_version,
+        "GEMMA4_FIXES": fixes,
+    }
+    assert set(values) == set(BUILD_FACTS.values()), "facts and the entrypoint's BUILD_FACTS must agree"
+    return values
+
+
+def resolve_base(client, matrix: Matrix, name: str, override: str | None, log) -> str:
+    """The base to build on, present locally. Order: --base-image; the vendor base (local or
+    pulled); the target's local stand-in when the vendor base cannot be pulled."""
+    target = matrix.targets[name]
+    wanted = override or target.base.ref
+    if local_image(client, wanted) is not None:
+        return wanted
+    if target.stage1 and not override:
+        log(f"{wanted} is not here: building Gaudi stage 1 ({dockerfile_name('gaudi-vllm')}) first")
+        build(client, BuildSpec(dockerfile=dockerfile_name("gaudi-vllm"), tag=wanted, context=ROOT,
+                                buildargs={}), log)
+        return wanted
+    reason = pull(client, wanted)
+    if reason is None:
+        return wanted
+    local = None if override else target.base.local
+    if local and local_image(client, local) is not None:
+        log(f"cannot pull {wanted} ({reason}); using the local stand-in {local}")
+        return local
+    hint = (f"build the local stand-in with `python build.py base {name}` (air-gapped, no registry)"
+            if local else "pass --base-image with an image that is present locally")
+    raise BaseUnavailable(f"cannot pull {wanted}: {reason}. {hint[0].upper() + hint[1:]}.")
+
+
+def build_target(client, matrix: Matrix, name: str, *, base_override=None, tag=None, nocache=False,
+                 extra_args=None, log=print, verbose=False) -> str:
+    tag = tag or matrix.tag(name)
+    upstream.stage(matrix)
+    base = resolve_base(client, matrix, name, base_override, log)
+    image = local_image(client, base)
+    buildargs = {"BASE_IMAGE": base,
+                 **facts(matrix, name, base, digest_of(image, matrix.targets[name].base.digest)),
+                 **(extra_args or {})}
+    spec = BuildSpec(dockerfile=dockerfile_name(matrix.targets[name].family), tag=tag,
+                     buildargs=buildargs, context=ROOT, nocache=nocache)
+    log(f"building {tag} ({spec.dockerfile} on {base})")
+    build(client, spec, log, verbose=verbose)
+    return tag
+
+
+def dry_run(matrix: Matrix, name: str, base_override=None, tag=None, nocache=False, extra_args=None) -> str:
+    """The build as a command, without touching the engine (base digest shown as a placeholder)."""
+    target = matrix.targets[name]
+    base = base_override or target.base.ref
+    buildargs = {"BASE_IMAGE": base, **facts(matrix, name, base, target.base.digest or "<resolved at build>"),
+                 **(extra_args or {})}
+    return BuildSpec(dockerfile=dockerfile_name(target.family), tag=tag or matrix.tag(name),
+                     buildargs=buildargs, context=ROOT, nocache=nocache).command_line()
+
+
+def build_local_base(client, matrix: Matrix, name: str, log, nocache=False) -> str:
+    target = matrix.targets[name]
+    if not target.base.local:
+        raise BaseUnavailable(f"{name} has no local stand-in base; only "
+                              + ", ".join(n for n, t in matrix.targets.items() if t.base.local)
+                              + " can be built without a registry")
+    return localbase.cpu_base(client, target.base.local, log, nocache=nocache)

@@ -1,0 +1,231 @@
+"""Load and validate targets.yaml, the one table every other module reads."""
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGETS_FILE = ROOT / "targets.yaml"
+FEATURES = ("tool_calling", "reasoning", "text_only", "spec_decoding")
+SHA256_DIGEST = r"^sha256:[0-9a-f]{64}$"
+
+
+class MatrixError(Exception):
+    """targets.yaml is malformed or a name in it does not resolve."""
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Project(Strict):
+    image: str
+    model: str
+    vllm_version: str
+    source: str
+    port: int
+
+
+class Variant(Strict):
+    model: str | None
+    note: str
+    families: list[str] | None = None
+
+
+class UpstreamFile(Strict):
+    sdist: str
+    sdist_sha256: str
+    member: str
+
+
+class Family(Strict):
+    accelerator: Literal["habana", "nvidia", "amd", "none", "tpu"]
+
+
+class Image(Strict):
+    image: str
+    digest: str | None = None
+    local: str | None = None
+
+    @field_validator("digest")
+    @classmethod
+    def _digest_form(cls, v):
+        import re
+        if v is not None and not re.match(SHA256_DIGEST, v):
+            raise ValueError("must look like sha256:<64 hex digits> (or be null)")
+        return v
+
+    @property
+    def ref(self) -> str:
+        """The reference to pull: pinned by digest when one is known."""
+        return f"{self.image}@{self.digest}" if self.digest else self.image
+
+
+class Stage1(Image):
+    vllm_commit: str
+    vllm_gaudi_commit: str
+
+
+class Serve(Strict):
+    model_arg: Literal["positional", "flag"]
+    args: list[str]
+    default_features: list[str]
+    features: dict[str, list[str]] = {}
+    unsupported_features: dict[str, str] = {}
+
+    @field_validator("default_features")
+    @classmethod
+    def _known_defaults(cls, v):
+        return _check_feature_names(v)
+
+    @field_validator("features", "unsupported_features")
+    @classmethod
+    def _known_keys(cls, v):
+        _check_feature_names(list(v))
+        return v
+
+
+class EnvLimit(Strict):
+    max: int
+    message: str
+
+
+class Guards(Strict):
+    refuse_env: dict[str, str] = {}
+    warn_env_above: dict[str, EnvLimit] = {}
+    warn_flags: dict[str, str] = {}
+
+
+class Target(Strict):
+    family: str
+    hardware: str
+    base: Image
+    stage1: Stage1 | None = None
+    aliases: list[str] = []
+    env: dict[str, str] = {}
+    serve: Serve
+    guards: Guards = Guards()
+    notes: list[str] = []
+    run_flags: list[str]
+    startup_budget_s: int
+    recipe_launch: str
+
+
+class Matrix(Strict):
+    project: Project
+    features: dict[str, list[str]]
+    variants: dict[str, Variant]
+    upstream_files: dict[str, UpstreamFile]
+    families: dict[str, Family]
+    targets: dict[str, Target]
+
+    @field_validator("features")
+    @classmethod
+    def _all_features(cls, v):
+        missing = set(FEATURES) - set(v)
+        if missing or set(v) - set(FEATURES):
+            raise ValueError(f"must define exactly the features {', '.join(FEATURES)}")
+        return v
+
+    @model_validator(mode="after")
+    def _cross_references(self):
+        names = set(self.targets)
+        for name, t in self.targets.items():
+            if t.family not in self.families:
+                raise ValueError(f"targets.{name}.family: unknown family {t.family!r}; "
+                                 f"known: {', '.join(self.families)}")
+            for alias in t.aliases:
+                if alias in names:
+                    raise ValueError(f"targets.{name}.aliases: {alias!r} is already a target name")
+                names.add(alias)
+        for fam in self.families:
+            envs = {tuple(sorted(t.env.items())) for t in self.targets.values() if t.family == fam}
+            if len(envs) > 1:
+                raise ValueError(f"families.{fam}: its targets set different env; env is rendered "
+                                 "into Dockerfile." + fam + ", so it must be the same for the family")
+        return self
+
+    # -- lookups -----------------------------------------------------------------------------
+
+    def resolve(self, name: str) -> str:
+        """Target name for a name or alias, or a MatrixError listing the valid ones."""
+        if name in self.targets:
+            return name
+        for tname, t in self.targets.items():
+            if name in t.aliases:
+                return tname
+        valid = ", ".join(sorted(self.targets) + sorted(a for t in self.targets.values() for a in t.aliases))
+        raise MatrixError(f"unknown target {name!r}; valid targets: {valid}")
+
+    def tag(self, name: str) -> str:
+        return f"{self.project.image}:{self.resolve(name)}-v{self.project.vllm_version}"
+
+    def family_targets(self, family: str) -> list[str]:
+        return [n for n, t in self.targets.items() if t.family == family]
+
+    def recipe(self, name: str) -> dict:
+        """What the image's entrypoint needs to build the launch: baked as /etc/gemma4-e2b/recipe.json."""
+        name = self.resolve(name)
+        t = self.targets[name]
+        features = {f: t.serve.features.get(f, flags) for f, flags in self.features.items()
+                    if f not in t.serve.unsupported_features}
+        variants = {v: {"model": var.model, "note": var.note}
+                    for v, var in self.variants.items()
+                    if var.families is None or t.family in var.families}
+        return {
+            "target": name,
+            "family": t.family,
+            "hardware": t.hardware,
+            "vllm_version": self.project.vllm_version,
+            "port": self.project.port,
+            "command": ["vllm", "serve"],
+            "model": self.project.model,
+            "model_arg": t.serve.model_arg,
+            "args": t.serve.args,
+            "default_features": t.serve.default_features,
+            "features": features,
+            "unsupported_features": t.serve.unsupported_features,
+            "variants": variants,
+            "guards": t.guards.model_dump(),
+            "notes": t.notes,
+        }
+
+    def recipe_launch(self, name: str) -> list[str]:
+        return shlex.split(self.targets[self.resolve(name)].recipe_launch)
+
+
+def _check_feature_names(names):
+    unknown = [n for n in names if n not in FEATURES]
+    if unknown:
+        raise ValueError(f"unknown feature(s) {', '.join(unknown)}; known: {', '.join(FEATURES)}")
+    return names
+
+
+def _location(loc: tuple) -> str:
+    return ".".join(str(p) for p in loc if not str(p).startswith("function-"))
+
+
+def load(path: Path = TARGETS_FILE) -> Matrix:
+    """Parse and validate; every problem is reported with the field path it concerns."""
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except OSError as e:
+        raise MatrixError(f"cannot read {path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise MatrixError(f"{path} is not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise MatrixError(f"{path}: expected a mapping at the top level")
+    try:
+        return Matrix.model_validate(raw)
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            where = _location(err["loc"]) or "(top level)"
+            msg = "unknown key (not in the schema; check its spelling)" if err["type"] == "extra_forbidden" \
+                else err["msg"]
+            lines.append(f"  {where}: {msg}")
+        raise MatrixError(f"{path} is invalid:\n" + "\n".join(lines)) from None

@@ -1,0 +1,48 @@
+"""`docker run` lines per target, and reading what an image says about itself."""
+from __future__ import annotations
+
+import json
+import shlex
+
+from .matrix import Matrix
+
+HF_CACHE = "/root/.cache/huggingface"
+
+
+def run_args(matrix: Matrix, name: str, image: str | None = None, env: dict[str, str] | None = None,
+             extra: list[str] | None = None) -> list[str]:
+    """The recipe's `docker run` for a target: its device flags, the HF cache, then the image."""
+    target = matrix.targets[matrix.resolve(name)]
+    args = ["docker", "run", "--rm", *target.run_flags, "-v", f"$HOME/.cache/huggingface:{HF_CACHE}"]
+    for key, value in (env or {}).items():
+        args += ["-e", f"{key}={value}"]
+    return args + [image or matrix.tag(name), *(extra or [])]
+
+
+def run_line(*a, **kw) -> str:
+    # $HOME stays unquoted so the user's shell expands it.
+    return " ".join(arg if arg.startswith("$HOME/") else shlex.quote(arg) for arg in run_args(*a, **kw))
+
+
+def describe(image) -> dict:
+    """Labels, build.json and recipe of a local image, read without running a server."""
+    attrs = image.attrs
+    config = attrs.get("Config") or {}
+    return {
+        "id": image.id,
+        "tags": image.tags,
+        "size_mb": round(attrs.get("Size", 0) / 1e6, 1),
+        "labels": config.get("Labels") or {},
+        "entrypoint": config.get("Entrypoint"),
+        "healthcheck": config.get("Healthcheck"),
+        "env": config.get("Env"),
+    }
+
+
+def read_file(client, image: str, path: str) -> str:
+    out = client.containers.run(image, entrypoint=["cat", path], remove=True, network_mode="host")
+    return out.decode()
+
+
+def build_json(client, image: str) -> dict:
+    return json.loads(read_file(client, image, "/etc/gemma4-e2b/build.json"))

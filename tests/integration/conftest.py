@@ -1,0 +1,62 @@
+"""Docker fixtures. Every image a test makes is named gemma4-e2b-test/… or gemma4-e2b-standin/…
+with fixed tags, so the layer cache carries over between runs and nothing collides with users'."""
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from gemma4_images import localbase, matrix
+from gemma4_images.docker_build import BuildSpec, build, connect
+
+STANDIN_DOCKERFILE = """\
+ARG ROOTFS_IMAGE
+FROM ${ROOTFS_IMAGE}
+# STAND-IN, not a vLLM image: vLLM {version}'s distribution metadata and a `vllm` stub that only
+# reports that version. It lets the real Dockerfiles build where vendor bases cannot be pulled.
+RUN site="$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \\
+    && mkdir -p "$site/vllm-{version}.dist-info" \\
+    && printf 'Metadata-Version: 2.1\\nName: vllm\\nVersion: {version}\\n' > "$site/vllm-{version}.dist-info/METADATA" \\
+    && printf '#!/bin/sh\\necho {version}\\n' > /usr/local/bin/vllm && chmod +x /usr/local/bin/vllm
+LABEL io.gemma4-images.stand-in="vllm {version} metadata only"
+"""
+
+
+def log(line):
+    print(line)
+
+
+@pytest.fixture(scope="session")
+def client():
+    return connect()
+
+
+@pytest.fixture(scope="session")
+def m():
+    return matrix.load()
+
+
+@pytest.fixture(scope="session")
+def rootfs(client):
+    return localbase.rootfs(client, log)
+
+
+@pytest.fixture(scope="session")
+def standin(client, rootfs):
+    """Factory: the metadata-only stand-in base for a vLLM version."""
+    def make(version="0.30.0"):
+        tag = f"gemma4-e2b-standin/vllm-metadata-only:{version}"
+        with tempfile.TemporaryDirectory() as ctx:
+            (Path(ctx) / "Dockerfile").write_text(STANDIN_DOCKERFILE.replace("{version}", version))
+            build(client, BuildSpec(dockerfile="Dockerfile", tag=tag, context=Path(ctx),
+                                    buildargs={"ROOTFS_IMAGE": rootfs}), log)
+        return tag
+    return make
+
+
+@pytest.fixture
+def no_new_containers(client):
+    """Fails the test if it leaves containers behind (a failed build must not)."""
+    before = {c.id for c in client.containers.list(all=True)}
+    yield
+    after = {c.id for c in client.containers.list(all=True)}
+    assert after - before == set(), "containers left behind"

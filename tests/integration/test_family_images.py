@@ -1,0 +1,107 @@
+"""Build each family's real rendered Dockerfile on a stand-in base (vendor bases cannot be pulled
+here) and check what users rely on: labels, build.json, HEALTHCHECK and the exact launch."""
+import shlex
+
+import pytest
+from docker.errors import ImageNotFound
+
+from gemma4_images import images, running
+from gemma4_images.docker_build import BuildFailed
+from gemma4_images.entrypoint import BUILD_FACTS
+
+pytestmark = pytest.mark.integration
+ONE_PER_FAMILY = ["gaudi2", "h100", "b300", "mi355x", "ironwood"]
+
+
+@pytest.fixture(scope="module")
+def built(client, m, standin):
+    base = standin("0.30.0")
+    tags = {}
+    for name in ONE_PER_FAMILY:
+        tags[name] = images.build_target(client, m, name, base_override=base,
+                                         tag=f"gemma4-e2b-test/{name}:standin", log=print)
+    return base, tags
+
+
+@pytest.mark.parametrize("name", ONE_PER_FAMILY)
+def test_print_command_in_image_is_the_recipe_launch(client, m, built, name):
+    out = client.containers.run(built[1][name], ["--print-command"], remove=True, network_mode="host")
+    assert shlex.split(out.decode()) == m.recipe_launch(name)
+
+
+@pytest.mark.parametrize("name", ONE_PER_FAMILY)
+def test_labels_and_build_json_agree_with_targets_yaml(client, m, built, name):
+    base, tags = built
+    image = client.images.get(tags[name])
+    labels = image.labels
+    assert labels["io.gemma4-images.target"] == name
+    assert labels["io.gemma4-images.vllm-version"] == m.project.vllm_version
+    assert labels["org.opencontainers.image.base.name"] == base
+    assert labels["org.opencontainers.image.base.digest"] == client.images.get(base).id
+    assert labels["org.opencontainers.image.version"] == m.tag(name).split(":")[1]
+    assert labels["org.opencontainers.image.revision"] == images.revision()
+    assert labels["org.opencontainers.image.created"] == images.created()
+    info = running.build_json(client, tags[name])
+    assert info == {label: labels[label] for label in BUILD_FACTS}
+
+
+@pytest.mark.parametrize("name", ONE_PER_FAMILY)
+def test_healthcheck_entrypoint_env_and_files(client, m, built, name):
+    config = client.images.get(built[1][name]).attrs["Config"]
+    assert config["Healthcheck"]["Test"] == ["CMD", "gemma4-serve", "--healthcheck"]
+    budget = max(m.targets[n].startup_budget_s for n in m.family_targets(m.targets[name].family))
+    assert config["Healthcheck"]["StartPeriod"] == budget * 10**9
+    assert config["Entrypoint"] == ["gemma4-serve"]
+    env = dict(e.split("=", 1) for e in config["Env"])
+    for key, value in m.targets[name].env.items():
+        assert env[key] == value
+    # Every file any selectable feature names is in the image (the build's self-check ran too).
+    out = client.containers.run(built[1][name], ["--self-check"], remove=True, network_mode="host")
+    assert out == b""
+
+
+def test_healthcheck_fails_when_nothing_serves(client, built):
+    container = client.containers.run(built[1]["h100"], ["--healthcheck"], detach=True, network_mode="host")
+    try:
+        assert container.wait(timeout=60)["StatusCode"] == 1
+    finally:
+        container.remove(force=True)
+
+
+def test_runtime_choices_reach_the_launch(client, built):
+    out = client.containers.run(built[1]["gaudi2"], ["--print-command", "--max-num-seqs", "8"],
+                                environment={"GEMMA4_FEATURES": "+reasoning"}, remove=True,
+                                network_mode="host").decode()
+    assert out.strip().endswith("--reasoning-parser gemma4 --max-num-seqs 8")
+
+
+def test_gaudi_refuses_skip_warmup_at_run_time(client, built):
+    container = client.containers.run(built[1]["gaudi2"], [], environment={"VLLM_SKIP_WARMUP": "false"},
+                                      detach=True, network_mode="host")
+    try:
+        assert container.wait(timeout=60)["StatusCode"] == 2
+        assert b"any non-empty value" in container.logs()
+    finally:
+        container.remove(force=True)
+
+
+def test_version_mismatch_fails_the_build_and_tags_nothing(client, m, standin, no_new_containers):
+    base = standin("0.29.0")
+    tag = "gemma4-e2b-test/mismatch:standin"
+    try:
+        client.images.remove(tag, force=True)
+    except ImageNotFound:
+        pass
+    with pytest.raises(BuildFailed) as e:
+        images.build_target(client, m, "h100", base_override=base, tag=tag, log=print)
+    assert "self-check" in e.value.step
+    assert any("vllm 0.29.0" in line and "0.30.0" in line for line in e.value.tail)
+    with pytest.raises(ImageNotFound):
+        client.images.get(tag)
+
+
+def test_facts_are_reproducible(m, monkeypatch):
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    first = images.facts(m, "h100", "b", "d")
+    assert first == images.facts(m, "h100", "b", "d")
+    assert first["GEMMA4_CREATED"] == "2023-11-14T22:13:20Z"

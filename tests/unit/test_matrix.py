@@ -1,0 +1,103 @@
+"""targets.yaml: the real file loads, and every kind of mistake is named precisely."""
+import shlex
+
+import pytest
+import yaml
+
+from gemma4_images import matrix
+from gemma4_images.matrix import MatrixError
+
+ALL_TARGETS = {"gaudi2", "h100", "h200", "b200", "b300", "mi300x", "mi325x", "mi350x", "mi355x",
+               "xeon6", "trillium", "ironwood"}
+
+
+@pytest.fixture(scope="module")
+def real():
+    return matrix.load()
+
+
+@pytest.fixture
+def raw():
+    return yaml.safe_load(matrix.TARGETS_FILE.read_text())
+
+
+def load_raw(tmp_path, data):
+    path = tmp_path / "targets.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return matrix.load(path)
+
+
+def test_every_recipe_target_is_present(real):
+    assert set(real.targets) == ALL_TARGETS
+    assert real.resolve("cpu") == "xeon6"
+    assert {t.family for t in real.targets.values()} == {"gaudi", "cuda", "rocm", "cpu", "tpu"}
+
+
+def test_vllm_pinned_everywhere_with_release_tag_bases(real):
+    assert real.project.vllm_version == "0.30.0"
+    bases = {n: t.base.image for n, t in real.targets.items()}
+    assert bases["h100"] == bases["h200"] == "vllm/vllm-openai:v0.30.0"
+    assert bases["b200"] == bases["b300"] == "vllm/vllm-openai:v0.30.0-cu130"
+    assert bases["mi355x"] == "vllm/vllm-openai-rocm:v0.30.0"
+    assert bases["xeon6"] == "vllm/vllm-openai-cpu:v0.30.0-x86_64"
+    assert real.targets["gaudi2"].stage1.vllm_gaudi_commit == "058f107"
+    assert real.targets["gaudi2"].stage1.vllm_commit.startswith("ced6857a")
+
+
+def test_tags(real):
+    assert real.tag("h100") == "gemma4-e2b:h100-v0.30.0"
+    assert real.tag("cpu") == "gemma4-e2b:xeon6-v0.30.0"
+
+
+def test_unknown_target_lists_valid_ones(real):
+    with pytest.raises(MatrixError) as e:
+        real.resolve("h800")
+    assert "unknown target 'h800'" in str(e.value)
+    for name in ("gaudi2", "h100", "cpu", "ironwood"):
+        assert name in str(e.value)
+
+
+def test_recipe_launch_is_the_seed_text(real):
+    # Spot-check against the seeds' literal launches (000 Launch, 002 Serve).
+    gaudi = real.recipe_launch("gaudi2")
+    assert gaudi[:3] == ["vllm", "serve", "google/gemma-4-E2B-it"]
+    assert "--kv-sharing-fast-prefill" in gaudi and "--no-enable-prefix-caching" in gaudi
+    assert gaudi[gaudi.index("--limit-mm-per-prompt") + 1] == '{"image":0,"audio":0,"video":0}'
+    assert real.recipe_launch("h100") == shlex.split(
+        "vllm serve google/gemma-4-E2B-it --tensor-parallel-size 1 --enable-auto-tool-choice "
+        "--tool-call-parser gemma4 --chat-template examples/tool_chat_template_gemma4.jinja "
+        "--reasoning-parser gemma4")
+
+
+@pytest.mark.parametrize("mutate, expected", [
+    (lambda d: d["targets"]["h100"].update(bogus=1), "targets.h100.bogus: unknown key"),
+    (lambda d: d["targets"]["h100"]["base"].update(digest="sha256:xyz"), "targets.h100.base.digest"),
+    (lambda d: d["targets"]["h100"].update(family="quantum"), "targets.h100.family: unknown family 'quantum'"),
+    (lambda d: d["targets"]["h100"]["serve"].update(default_features=["telepathy"]),
+     "targets.h100.serve.default_features"),
+    (lambda d: d["targets"]["h100"].update(startup_budget_s="soon"), "targets.h100.startup_budget_s"),
+    (lambda d: d["targets"]["h100"].pop("run_flags"), "targets.h100.run_flags: Field required"),
+    (lambda d: d["targets"]["mi300x"].update(aliases=["h100"]), "'h100' is already a target name"),
+    (lambda d: d["features"].pop("reasoning"), "features"),
+    (lambda d: d["project"].update(vllm_verison="0.30.0"), "project.vllm_verison: unknown key"),
+    (lambda d: d["targets"]["h200"].update(env={"X": "1"}), "families.cuda: its targets set different env"),
+])
+def test_schema_errors_name_the_field(tmp_path, raw, mutate, expected):
+    mutate(raw)
+    with pytest.raises(MatrixError) as e:
+        load_raw(tmp_path, raw)
+    assert expected in str(e.value)
+
+
+def test_malformed_yaml(tmp_path):
+    path = tmp_path / "targets.yaml"
+    path.write_text("targets: [unclosed\n")
+    with pytest.raises(MatrixError, match="not valid YAML"):
+        matrix.load(path)
+
+
+def test_recipe_drops_unsupported_features_and_variants(real):
+    gaudi = real.recipe("gaudi2")
+    assert "spec_decoding" not in gaudi["features"]
+    assert "fp8" not in gaudi["variants"]          # fp8 runs on Hopper and Blackwell only
+    assert "fp8" in real.recipe("h100")["variants"]
