@@ -76,6 +76,7 @@ def resolve_base(client, matrix: Matrix, name: str, override: str | None, log) -
 
 def build_target(client, matrix: Matrix, name: str, *, base_override=None, tag=None, nocache=False,
                  extra_args=None, log=print, verbose=False) -> str:
+    name = matrix.resolve(name)
     tag = tag or matrix.tag(name)
     upstream.stage(matrix)
     base = resolve_base(client, matrix, name, base_override, log)
@@ -92,6 +93,7 @@ def build_target(client, matrix: Matrix, name: str, *, base_override=None, tag=N
 
 def dry_run(matrix: Matrix, name: str, base_override=None, tag=None, nocache=False, extra_args=None) -> str:
     """The build as a command, without touching the engine (base digest shown as a placeholder)."""
+    name = matrix.resolve(name)
     target = matrix.targets[name]
     base = base_override or target.base.ref
     buildargs = {"BASE_IMAGE": base, **facts(matrix, name, base, target.base.digest or "<resolved at build>"),
@@ -101,7 +103,7 @@ def dry_run(matrix: Matrix, name: str, base_override=None, tag=None, nocache=Fal
 
 
 def build_local_base(client, matrix: Matrix, name: str, log, nocache=False) -> str:
-    target = matrix.targets[name]
+    target = matrix.targets[matrix.resolve(name)]
     if not target.base.local:
         raise BaseUnavailable(f"{name} has no local stand-in base; only "
                               + ", ".join(n for n, t in matrix.targets.items() if t.base.local)

