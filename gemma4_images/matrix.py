@@ -100,6 +100,19 @@ class Guards(Strict):
     warn_flags: dict[str, str] = {}
 
 
+class Smoke(Strict):
+    """How `build.py smoke` runs this target, beyond its recipe launch."""
+    env: dict[str, str] = {}
+    args: list[str] = []
+    shm_size: str | None = None
+    user: str | None = None
+
+
+class Fixes(Strict):
+    profile: str
+    opt_in: list[str] = []
+
+
 class Target(Strict):
     family: str
     hardware: str
@@ -113,6 +126,13 @@ class Target(Strict):
     run_flags: list[str]
     startup_budget_s: int
     recipe_launch: str
+    smoke: Smoke = Smoke()
+    fixes: Fixes | None = None
+    bos_tokenizer: bool = False
+
+    @property
+    def opt_in_fixes(self) -> list[str]:
+        return self.fixes.opt_in if self.fixes else []
 
 
 class Matrix(Strict):

@@ -190,6 +190,22 @@ def write_build_info(path: str, env: dict) -> None:
         f.write("\n")
 
 
+def non_root_env(env: dict) -> dict:
+    """What `docker run --user UID` needs: a UID with no account gets HOME=/ (not writable), and
+    torch and vLLM name their caches after the user (getpass), which fails without an account."""
+    changes = {}
+    if not os.access(env.get("HOME") or "/", os.W_OK):
+        changes["HOME"] = "/tmp/gemma4-e2b-home"
+        os.makedirs(changes["HOME"], exist_ok=True)
+    try:
+        import pwd
+        pwd.getpwuid(os.getuid())
+    except KeyError:
+        for var in ("USER", "LOGNAME"):
+            changes.setdefault(var, env.get(var) or f"uid{os.getuid()}")
+    return changes
+
+
 def healthcheck(recipe: dict) -> int:
     try:
         with open(PORT_FILE) as f:
@@ -237,6 +253,7 @@ def main(argv: list[str]) -> int:
     except OSError:
         pass  # the healthcheck falls back to the recipe's port
     sys.stdout.flush()
+    os.environ.update(non_root_env(dict(os.environ)))
     os.execvp(cmd[0], cmd)
     return 127
 

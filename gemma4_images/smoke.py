@@ -1,0 +1,369 @@
+"""Smoke tests: start a built image with testcontainers, wait for it, and check that it serves
+the way the recipe promises. Used by `build.py smoke` and by the test suite."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import socket
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+# testcontainers reads these at import: Ryuk (its reaper) cannot be pulled here, and with host
+# networking its host lookup must be loopback. Containers are removed by our own `finally`.
+os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
+os.environ.setdefault("TC_HOST", "127.0.0.1")
+
+from testcontainers.core.container import DockerContainer  # noqa: E402
+
+from .entrypoint import BUILD_FACTS  # noqa: E402
+from .matrix import Matrix  # noqa: E402
+
+MODEL_MOUNT = "/models"
+TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+class LoopbackContainer(DockerContainer):
+    """A container on the host network: its server is at 127.0.0.1 on the port it binds."""
+
+    def get_container_host_ip(self) -> str:
+        return "127.0.0.1"
+
+    def get_exposed_port(self, port) -> int:
+        return int(port)
+
+
+@dataclass
+class Check:
+    name: str
+    status: str = "pass"         # pass | fail | skip
+    detail: str = ""
+    seconds: float = 0.0
+
+
+@dataclass
+class Report:
+    target: str
+    image: str
+    model: str
+    checks: list[Check] = field(default_factory=list)
+    seconds_to_healthy: float | None = None
+    log_tail: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.status != "fail" for c in self.checks)
+
+    def table(self) -> str:
+        rows = [f"{'CHECK':<25} {'RESULT':<6} {'SECONDS':>7}  DETAIL"]
+        rows += [f"{c.name:<25} {c.status.upper():<6} {c.seconds:>7.1f}  {c.detail}" for c in self.checks]
+        return "\n".join(rows)
+
+    def write(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({**asdict(self), "ok": self.ok}, indent=2) + "\n")
+
+
+class CheckFailed(AssertionError):
+    pass
+
+
+# -- plumbing ------------------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http(method: str, url: str, body=None, raw: bytes | None = None, timeout=120) -> tuple[int, object]:
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            status, text = r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        status, text = e.code, e.read().decode()
+    try:
+        return status, json.loads(text)
+    except ValueError:
+        return status, text
+
+
+def expect(condition: bool, expected: str, got) -> None:
+    if not condition:
+        raise CheckFailed(f"expected {expected}; got {str(got)[:300]}")
+
+
+def device_missing(client, accelerator: str) -> str | None:
+    """Why this machine cannot run the accelerator's tier, or None when it can."""
+    runtimes = set((client.info().get("Runtimes") or {}))
+    reasons = {
+        "habana": None if "habana" in runtimes else "habana container runtime not found in `docker info`",
+        "nvidia": None if "nvidia" in runtimes else "NVIDIA container runtime not found in `docker info`",
+        "amd": None if os.path.exists("/dev/kfd") else "/dev/kfd not found (no ROCm device)",
+        "tpu": None if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*") else "TPU not found (/dev/accel*)",
+        "none": None,
+    }
+    return reasons[accelerator]
+
+
+def run_kwargs(run_flags: list[str]) -> dict:
+    """targets.yaml's `docker run` device flags as Docker SDK keyword arguments."""
+    from docker.types import DeviceRequest
+    kw: dict = {"environment": {}}
+    flags = list(run_flags)
+    while flags:
+        flag = flags.pop(0)
+        key, _, value = flag.partition("=")
+        if key in ("-e", "-v", "-p", "--gpus", "--cap-add", "--shm-size", "--network", "--device",
+                   "--group-add", "--security-opt", "--runtime", "--ipc") and not value:
+            value = flags.pop(0)
+        if key == "--privileged":
+            kw["privileged"] = True
+        elif key == "--runtime":
+            kw["runtime"] = value
+        elif key == "--ipc":
+            kw["ipc_mode"] = value
+        elif key == "--gpus":
+            kw["device_requests"] = [DeviceRequest(count=-1, capabilities=[["gpu"]])]
+        elif key == "--cap-add":
+            kw.setdefault("cap_add", []).append(value)
+        elif key == "--device":
+            kw.setdefault("devices", []).append(f"{value}:{value}")
+        elif key == "--group-add":
+            kw.setdefault("group_add", []).append(value)
+        elif key == "--security-opt":
+            kw.setdefault("security_opt", []).append(value)
+        elif key == "--shm-size":
+            kw["shm_size"] = value
+        elif key == "-e":
+            name, _, val = value.partition("=")
+            kw["environment"][name] = val if _ else os.environ.get(name, "")
+        elif key == "-v":
+            host, container = value.split(":", 1)
+            kw.setdefault("volumes", {})[host] = {"bind": container, "mode": "rw"}
+        # -p and --network: smoke tests always use host networking on loopback.
+    return kw
+
+
+# -- the checks ----------------------------------------------------------------------------------
+
+class Checks:
+    """Each method is one check; it raises CheckFailed with what was expected and what came back."""
+
+    def __init__(self, url: str, model: str):
+        self.url, self.model = url, model
+
+    def post(self, path, body=None, raw=None):
+        return http("POST", self.url + path, body, raw)
+
+    def chat_body(self, **extra):
+        return {"model": self.model, "messages": [{"role": "user", "content": "Say hello."}],
+                "max_tokens": 8, "ignore_eos": True, **extra}
+
+    def good_request_still_works(self):
+        status, body = self.post("/v1/chat/completions", self.chat_body())
+        expect(status == 200, "the next good request to succeed (200)", f"{status} {body}")
+
+    def ready(self):
+        status, body = http("GET", self.url + "/v1/models")
+        ids = [m.get("id") for m in body.get("data", [])] if isinstance(body, dict) else body
+        expect(status == 200 and self.model in ids, f"/v1/models to list {self.model}", f"{status} {ids}")
+
+    def chat(self):
+        status, body = self.post("/v1/chat/completions", self.chat_body())
+        expect(status == 200, "200", f"{status} {body}")
+        message = body["choices"][0]["message"]
+        text = (message.get("content") or "") + (message.get("reasoning") or message.get("reasoning_content") or "")
+        expect(text != "", "content in the answer", message)
+        expect(body.get("usage", {}).get("completion_tokens") == 8, "usage.completion_tokens == 8", body.get("usage"))
+
+    def chat_stream(self):
+        req = urllib.request.Request(self.url + "/v1/chat/completions", method="POST",
+                                     data=json.dumps(self.chat_body(stream=True)).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            events = [line[6:] for line in r.read().decode().splitlines() if line.startswith("data: ")]
+        expect(len(events) >= 3 and events[-1] == "[DONE]", "several SSE chunks ending in [DONE]", events[-3:])
+
+    def completion(self):
+        status, body = self.post("/v1/completions", {"model": self.model, "prompt": "The capital of France is",
+                                                     "max_tokens": 4, "ignore_eos": True})
+        expect(status == 200 and body["choices"][0]["text"] != "", "200 with text", f"{status} {body}")
+
+    def bos_counts(self, **request):
+        status, body = self.post("/tokenize", {"model": self.model, "return_token_strs": True, **request})
+        expect(status == 200, "/tokenize 200", f"{status} {body}")
+        strs = body.get("token_strs") or []
+        return strs.count("<bos>"), strs[:3]
+
+    def chat_single_bos(self):
+        count, head = self.bos_counts(messages=[{"role": "user", "content": "hi"}])
+        expect(count == 1 and head[0] == "<bos>", "a chat prompt to start with exactly one <bos>", head)
+
+    def raw_prompt_bos(self):
+        count, head = self.bos_counts(prompt="Hello world")
+        expect(count == 1 and head[0] == "<bos>",
+               "a raw prompt to start with exactly one <bos> (the baked BOS tokenizer)", head)
+
+    def tools_forced(self):
+        for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+            status, body = self.post("/v1/chat/completions", {
+                "model": self.model, "messages": [{"role": "user", "content": "Weather in Paris?"}],
+                "tools": [TOOL], "tool_choice": choice, "max_tokens": 64})
+            expect(status == 200, "200", f"{status} {body}")
+            calls = body["choices"][0]["message"].get("tool_calls") or []
+            expect(calls and calls[0]["function"]["name"] == "get_weather",
+                   f"tool_calls to get_weather for tool_choice={json.dumps(choice)}", body["choices"][0]["message"])
+            try:
+                json.loads(calls[0]["function"]["arguments"])
+            except ValueError:
+                raise CheckFailed(f"arguments that parse as JSON; got {calls[0]['function']['arguments']!r}")
+
+    def prompt_logprobs_rejected(self):
+        status, body = self.post("/v1/completions", {"model": self.model, "prompt": "Hello",
+                                                     "max_tokens": 2, "prompt_logprobs": 1})
+        expect(400 <= status < 500 and re.search(r"prompt[ _]logprobs", json.dumps(body)) is not None,
+               "a 4xx validation error naming prompt_logprobs", f"{status} {body}")
+        self.good_request_still_works()
+
+    def reasoning(self):
+        status, body = self.post("/v1/chat/completions", {
+            "model": self.model, "messages": [{"role": "user", "content": "What is 17 * 23? Think first."}],
+            "max_tokens": 512, "chat_template_kwargs": {"enable_thinking": True}})
+        message = body["choices"][0]["message"] if status == 200 else body
+        expect(status == 200 and (message.get("reasoning") or message.get("reasoning_content"))
+               and message.get("content"), "reasoning and content separated", message)
+
+    def bad_requests(self):
+        cases = [("malformed JSON body", None, b"{not json"),
+                 ("unknown model", {**self.chat_body(), "model": "no-such-model"}, None),
+                 ("oversize max_tokens", self.chat_body(max_tokens=10**9), None)]
+        for what, body, raw in cases:
+            status, answer = self.post("/v1/chat/completions", body, raw)
+            expect(400 <= status < 500, f"a 4xx for a {what}", f"{status} {answer}")
+            self.good_request_still_works()
+
+
+def image_facts(client, matrix: Matrix, target: str, image: str) -> None:
+    """Labels and /etc/gemma4-e2b/build.json agree with each other and with targets.yaml."""
+    labels = client.images.get(image).labels
+    want = {"io.gemma4-images.target": target, "io.gemma4-images.model": matrix.project.model,
+            "io.gemma4-images.vllm-version": matrix.project.vllm_version}
+    got = {k: labels.get(k) for k in want}
+    expect(got == want, json.dumps(want), got)
+    raw = client.containers.run(image, ["/etc/gemma4-e2b/build.json"], entrypoint=["cat"], remove=True,
+                                network_mode="host")
+    build = json.loads(raw)
+    expect(build == {k: labels.get(k, "") for k in BUILD_FACTS}, "build.json == the image's labels", build)
+
+
+def planned_checks(matrix: Matrix, target: str, launch: list[str], random_weights: bool) -> list[tuple[str, str | None]]:
+    """(check, reason to skip or None) for this target's launch."""
+    t = matrix.targets[target]
+    parser = "--tool-call-parser" in launch
+    grammar_fix = "gemma4-required-tool-grammar" in t.opt_in_fixes
+    return [
+        ("ready", None), ("image_facts", None), ("chat", None), ("chat_stream", None),
+        ("completion", None), ("chat_single_bos", None),
+        ("raw_prompt_bos", None if t.bos_tokenizer else "this target does not bake the BOS tokenizer"),
+        ("tools_forced", None if parser and grammar_fix else
+         "no tool parser in the launch" if not parser else "gemma4-required-tool-grammar is not applied here"),
+        ("prompt_logprobs_rejected", None if "--kv-sharing-fast-prefill" in launch
+         else "no --kv-sharing-fast-prefill in the launch"),
+        ("reasoning", "random-weight model cannot reason" if random_weights else
+         None if "--reasoning-parser" in launch else "no reasoning parser in the launch"),
+        ("bad_requests", None),
+    ]
+
+
+# -- the run -------------------------------------------------------------------------------------
+
+def _container(matrix: Matrix, target: str, image: str, model: str | None, port: int):
+    """The container as targets.yaml says to run it, bound to 127.0.0.1:port, plus the model."""
+    t = matrix.targets[target]
+    kw = run_kwargs(t.run_flags)
+    env = {**kw.pop("environment"), **t.smoke.env}
+    args = [*t.smoke.args, "--host", "127.0.0.1", "--port", str(port)]
+    if t.smoke.shm_size:
+        kw["shm_size"] = t.smoke.shm_size
+    if t.smoke.user:
+        kw["user"] = t.smoke.user
+    container = LoopbackContainer(image, network_mode="host", **kw)
+    served = matrix.project.model
+    if model and Path(model).exists():
+        mount = f"{MODEL_MOUNT}/{Path(model).name}"
+        container.with_volume_mapping(str(Path(model).resolve()), mount, "ro")
+        env["GEMMA4_MODEL"] = mount
+        args += ["--served-model-name", served]
+    elif model:
+        env["GEMMA4_MODEL"] = served = model
+        if os.environ.get("HF_TOKEN"):
+            env["HF_TOKEN"] = os.environ["HF_TOKEN"]  # the container's env only, never an image's
+    for key, value in env.items():
+        container.with_env(key, value)
+    return container.with_command(args), served, args
+
+
+def _wait_healthy(container, url: str, budget: float) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < budget:
+        wrapped = container.get_wrapped_container()
+        wrapped.reload()
+        if wrapped.status not in ("created", "running"):
+            raise CheckFailed(f"the container exited ({wrapped.attrs['State'].get('ExitCode')}) before /health answered")
+        try:
+            if http("GET", url + "/health", timeout=5)[0] == 200:
+                return time.monotonic() - start
+        except OSError:
+            pass
+        time.sleep(2)
+    raise CheckFailed(f"/health did not answer 200 within the startup budget of {budget:.0f}s")
+
+
+def run_smoke(client, matrix: Matrix, target: str, image: str | None = None, model: str | None = None,
+              random_weights: bool = False, log=print) -> Report:
+    """Start image, run every check that applies to target, always remove the container."""
+    target = matrix.resolve(target)
+    image = image or matrix.tag(target)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    container, served, args = _container(matrix, target, image, model, port)
+    report = Report(target=target, image=image, model=model or matrix.project.model)
+    log(f"starting {image} on 127.0.0.1:{port}")
+    container.start()
+    try:
+        try:
+            report.seconds_to_healthy = round(_wait_healthy(container, url, matrix.targets[target].startup_budget_s), 1)
+            log(f"healthy after {report.seconds_to_healthy}s")
+        except CheckFailed as e:
+            report.checks.append(Check("ready", "fail", str(e)))
+            return report
+        # What the container runs: the recipe's launch as the entrypoint composes it, plus ours.
+        launch = container.exec(["gemma4-serve", "--print-command", *args]).output.decode().split()
+        checks = Checks(url, served)
+        for name, skip in planned_checks(matrix, target, launch, random_weights):
+            if skip:
+                report.checks.append(Check(name, "skip", skip))
+                continue
+            start = time.monotonic()
+            try:
+                image_facts(client, matrix, target, image) if name == "image_facts" else getattr(checks, name)()
+                check = Check(name, "pass")
+            except (CheckFailed, OSError, KeyError, ValueError) as e:
+                check = Check(name, "fail", f"{type(e).__name__}: {e}" if not isinstance(e, CheckFailed) else str(e))
+            check.seconds = round(time.monotonic() - start, 1)
+            report.checks.append(check)
+            log(f"  {check.name}: {check.status}")
+        return report
+    finally:
+        logs = b"".join(container.get_logs()).decode(errors="replace").splitlines()
+        report.log_tail = logs[-200:]
+        container.stop()

@@ -1,0 +1,254 @@
+"""patches/gemma4-bos-tokenizer/apply.py on the tiny Gemma 4 tokenizer."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gemma4_images import tiny_gemma4
+
+ROOT = Path(__file__).resolve().parents[2]
+
+APPLY = ROOT / "patches" / "gemma4-bos-tokenizer" / "apply.py"
+BOS = 2
+ALLOWED = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+           "tokenizer.model", "gemma4-bos.json"}
+FAKE_TOKEN = "hf_FAKEtokenDoNotLeak0123456789abcdef"
+
+
+def _load_apply():
+    spec = importlib.util.spec_from_file_location("gemma4_bos_apply", APPLY)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+apply = _load_apply()
+
+
+@pytest.fixture(scope="session")
+def source(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("bos-src") / "tiny-gemma4"
+    tiny_gemma4.write_tiny_gemma4(out, seed=0)
+    return out
+
+
+@pytest.fixture(scope="session")
+def patched(source, tmp_path_factory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("bos-out") / "tok"
+    return out, apply.make_bos_copy(str(source), out)
+
+
+def _tok(folder: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder))
+
+
+def _copy_tokenizer(source: Path, dest: Path) -> Path:
+    dest.mkdir(parents=True)
+    for name in ALLOWED & {p.name for p in source.iterdir()}:
+        shutil.copyfile(source / name, dest / name)
+    return dest
+
+
+def _edit_json(path: Path, edit) -> None:
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+
+
+def _cli(*args, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(APPLY), *map(str, args)], capture_output=True, text=True,
+                          env=env, timeout=300)
+
+
+def test_source_lacks_bos_and_copy_adds_exactly_one(source, patched):
+    out, record = patched
+    assert BOS not in _tok(source)("Hello world")["input_ids"]  # the flaw being fixed
+    ids = _tok(out)("Hello world")["input_ids"]
+    assert ids[0] == BOS and ids.count(BOS) == 1
+    assert record["already_patched"] is False and record["changes"]
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    assert config["add_bos_token"] is True
+
+
+def test_no_bos_without_special_tokens(patched):
+    out, _ = patched
+    assert BOS not in _tok(out)("Hello world", add_special_tokens=False)["input_ids"]
+
+
+def test_chat_path_has_exactly_one_bos(patched):
+    out, _ = patched
+    tok = _tok(out)
+    messages = [{"role": "user", "content": "Hello"}]
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    ids = tok(text, add_special_tokens=False)["input_ids"]  # vLLM's chat path
+    assert ids[0] == BOS and ids.count(BOS) == 1
+    direct = tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, return_dict=False)
+    direct = list(direct["input_ids"] if isinstance(direct, dict) else direct)
+    assert direct.count(BOS) == 1
+
+
+def test_post_processor_and_record(source, patched):
+    out, _ = patched
+    pp = json.loads((out / "tokenizer.json").read_text())["post_processor"]
+    assert pp["single"][0] == {"SpecialToken": {"id": "<bos>", "type_id": 0}}
+    assert [next(iter(item)) for item in pp["pair"]] == ["SpecialToken", "Sequence", "SpecialToken", "Sequence"]
+    assert pp["special_tokens"] == {"<bos>": {"id": "<bos>", "ids": [BOS], "tokens": ["<bos>"]}}
+    record = json.loads((out / "gemma4-bos.json").read_text())
+    assert record["source"] == {"kind": "local", "path": str(source.resolve())}
+    assert record["bos_token_id"] == BOS and len(record["changes"]) == 2
+    on_disk = {p.name for p in out.iterdir()} - {"gemma4-bos.json"}
+    assert set(record["files"]) == on_disk
+    for name, digests in record["files"].items():
+        assert digests["sha256"] == hashlib.sha256((out / name).read_bytes()).hexdigest()
+        assert digests["source_sha256"] == hashlib.sha256((source / name).read_bytes()).hexdigest()
+    assert record["files"]["tokenizer.json"]["sha256"] != record["files"]["tokenizer.json"]["source_sha256"]
+    assert record["files"]["chat_template.jinja"]["sha256"] == record["files"]["chat_template.jinja"]["source_sha256"]
+
+
+def test_never_copies_weights_or_model_files(source, patched):
+    out, _ = patched
+    assert (source / "model.safetensors").is_file() and (source / "config.json").is_file()
+    names = {p.name for p in out.iterdir()}
+    assert names <= ALLOWED, names - ALLOWED
+    assert "model.safetensors" not in names and "config.json" not in names
+
+
+def test_rerun_on_its_own_output_is_a_noop(source, patched, tmp_path):
+    out, _ = patched
+    before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.iterdir()}
+    run = _cli(out, out)
+    assert run.returncode == 0, run.stderr
+    assert "no-op" in run.stdout
+    assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.iterdir()} == before
+
+    copy = apply.make_bos_copy(str(out), tmp_path / "copy")
+    assert copy["already_patched"] is True and copy["changes"] == []
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (tmp_path / "copy" / name).read_bytes() == (out / name).read_bytes()
+
+    again = apply.make_bos_copy(str(source), out)  # same source, same OUT: same bytes
+    assert again["out_unchanged"] is True
+
+
+def test_accepts_an_equivalent_bos_template_as_is(source, tmp_path):
+    src = _copy_tokenizer(source, tmp_path / "src")
+    _edit_json(src / "tokenizer.json", lambda d: d.update(post_processor={
+        "type": "TemplateProcessing",
+        "single": [{"SpecialToken": {"id": "<bos>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [{"SpecialToken": {"id": "<bos>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                 {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {"<bos>": {"id": "<bos>", "ids": [BOS], "tokens": ["<bos>"]}}}))
+    record = apply.make_bos_copy(str(src), tmp_path / "out")
+    assert record["changes"] == ["tokenizer_config.json: add_bos_token true"]
+    assert (tmp_path / "out" / "tokenizer.json").read_bytes() == (src / "tokenizer.json").read_bytes()
+
+
+def test_refuses_a_tokenizer_without_bos(source, tmp_path):
+    src = _copy_tokenizer(source, tmp_path / "src")
+    _edit_json(src / "tokenizer_config.json", lambda d: d.update(bos_token=None))
+    _edit_json(src / "special_tokens_map.json", lambda d: d.pop("bos_token"))
+    run = _cli(src, tmp_path / "out")
+    assert run.returncode == 1
+    assert "no <bos> token" in run.stderr and "Fix:" in run.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_refuses_a_bos_token_missing_from_the_vocabulary(source, tmp_path):
+    src = _copy_tokenizer(source, tmp_path / "src")
+    _edit_json(src / "tokenizer_config.json", lambda d: d.update(bos_token="<s>"))
+    with pytest.raises(apply.Refusal, match="not in tokenizer.json"):
+        apply.make_bos_copy(str(src), tmp_path / "out")
+
+
+@pytest.mark.parametrize("foreign", [
+    {"type": "TemplateProcessing", "single": [{"Sequence": {"id": "A", "type_id": 0}},
+                                              {"SpecialToken": {"id": "<eos>", "type_id": 0}}],
+     "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}},
+              {"SpecialToken": {"id": "<eos>", "type_id": 1}}],
+     "special_tokens": {"<eos>": {"id": "<eos>", "ids": [1], "tokens": ["<eos>"]}}},
+    {"type": "BertProcessing", "sep": ["<eos>", 1], "cls": ["<bos>", 2]},
+], ids=["appends-eos", "bert"])
+def test_refuses_a_foreign_post_processor(source, tmp_path, foreign):
+    src = _copy_tokenizer(source, tmp_path / "src")
+    _edit_json(src / "tokenizer.json", lambda d: d.update(post_processor=foreign))
+    run = _cli(src, tmp_path / "out")
+    assert run.returncode == 1
+    assert "neither empty nor" in run.stderr and "Fix:" in run.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_fails_verification_when_the_chat_template_writes_no_bos(source, tmp_path):
+    src = _copy_tokenizer(source, tmp_path / "src")
+    template = (src / "chat_template.jinja").read_text().replace("{{- bos_token -}}", "")
+    (src / "chat_template.jinja").write_text(template)
+    _edit_json(src / "tokenizer_config.json", lambda d: d.update(chat_template=template))
+    run = _cli(src, tmp_path / "out")
+    assert run.returncode == 1 and "verification failed" in run.stderr and "chat template" in run.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def _assert_token_absent(folder: Path, *texts: str) -> None:
+    for path in folder.rglob("*"):
+        if path.is_file():
+            assert FAKE_TOKEN.encode() not in path.read_bytes(), path
+    for text in texts:
+        assert FAKE_TOKEN not in text
+
+
+def test_hf_token_in_environment_is_never_written(source, tmp_path):
+    env = dict(os.environ, HF_TOKEN=FAKE_TOKEN, HF_HUB_OFFLINE="1")
+    run = _cli(source, tmp_path / "out", env=env)
+    assert run.returncode == 0, run.stderr
+    _assert_token_absent(tmp_path / "out", run.stdout, run.stderr)
+
+
+def test_hub_download_fetches_only_tokenizer_files_and_keeps_the_token_out(source, tmp_path, monkeypatch):
+    import fnmatch
+
+    import huggingface_hub
+
+    calls = []
+
+    def fake_snapshot_download(repo_id, revision=None, allow_patterns=None, token=None, **kwargs):
+        calls.append({"repo_id": repo_id, "allow_patterns": allow_patterns, "token": token})
+        snapshot = tmp_path / "cache" / "snapshots" / "0123abc"
+        snapshot.mkdir(parents=True, exist_ok=True)
+        for path in source.iterdir():
+            if any(fnmatch.fnmatch(path.name, pattern) for pattern in allow_patterns):
+                shutil.copyfile(path, snapshot / path.name)
+        return str(snapshot)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
+    monkeypatch.setenv("HF_TOKEN", FAKE_TOKEN)
+    record = apply.make_bos_copy("google/gemma-4-E2B-it", tmp_path / "out")
+    assert calls[0]["token"] == FAKE_TOKEN and calls[0]["repo_id"] == "google/gemma-4-E2B-it"
+    assert not any(fnmatch.fnmatch("model.safetensors", p) for p in calls[0]["allow_patterns"])
+    assert record["source"] == {"kind": "hub", "repo_id": "google/gemma-4-E2B-it", "revision": None,
+                                "commit": "0123abc"}
+    assert BOS == _tok(tmp_path / "out")("Hi")["input_ids"][0]
+    _assert_token_absent(tmp_path / "out", json.dumps(record))
+
+
+def test_hub_failure_message_does_not_echo_the_token(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    def failing(*args, **kwargs):
+        raise RuntimeError(f"401 Unauthorized for token {kwargs.get('token')}")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", failing)
+    monkeypatch.setenv("HF_TOKEN", FAKE_TOKEN)
+    with pytest.raises(apply.Refusal) as refused:
+        apply.make_bos_copy("google/gemma-4-E2B-it", tmp_path / "out")
+    assert "401" in str(refused.value) and "HF_TOKEN" in str(refused.value)
+    _assert_token_absent(tmp_path, str(refused.value))
