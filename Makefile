@@ -4,7 +4,7 @@ PY := .venv/bin/python
 PYTEST_ARGS ?= -m "not device"
 
 .DEFAULT_GOAL := help
-.PHONY: help host quickstart image images base render lint test list
+.PHONY: help host quickstart image images base render lint smoke test list
 
 help: ## Show targets and variables
 	@echo "usage: make <target> [HW=<hardware>]"
@@ -16,11 +16,11 @@ help: ## Show targets and variables
 host: ## Install and start what builds need (Docker engine, mmdebstrap, Python venv)
 	@scripts/setup-host.sh
 
-quickstart: host ## Build the CPU image with no registry and show its launch and vLLM
+quickstart: host ## Build the CPU image with no registry or hub, serve a tiny Gemma 4, get answers
 	$(PY) build.py base cpu
-	$(PY) build.py build cpu
-	docker run --rm --network host gemma4-e2b:xeon6-v0.30.0 --print-command
-	docker run --rm --network host --entrypoint vllm gemma4-e2b:xeon6-v0.30.0 --version
+	$(PY) build.py build cpu --tiny
+	docker run --rm --network host gemma4-e2b:xeon6-v0.30.0-tiny --print-command
+	$(PY) build.py smoke cpu --tiny
 
 list: host ## List every target with its base image and tag
 	@$(PY) build.py list
@@ -40,6 +40,9 @@ render: host ## Re-render Dockerfile.* and image/recipes/ from targets.yaml
 lint: host ## hadolint every rendered Dockerfile (ignores justified in .hadolint.yaml)
 	$(PY) build.py render --check
 	.venv/bin/hadolint --no-color Dockerfile.* bases/*/Dockerfile
+
+smoke: host ## Smoke-test HW's built image (add SMOKE_ARGS="--tiny" for the tiny CPU model)
+	$(PY) build.py smoke $(HW) $(SMOKE_ARGS)
 
 test: host ## Run the test suite (unit + integration with a real Docker engine)
 	$(PY) -m pytest $(PYTEST_ARGS)

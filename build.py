@@ -14,8 +14,10 @@ from gemma4_images import images, matrix as matrix_mod, render, running, upstrea
 from gemma4_images.docker_build import BaseUnavailable, BuildFailed, DockerUnavailable, connect, local_image
 from gemma4_images.localbase import LocalBaseError
 from gemma4_images.matrix import MatrixError
+from gemma4_images.tokenizer_copy import TokenizerError
 
-EXPECTED = (MatrixError, DockerUnavailable, BaseUnavailable, LocalBaseError, upstream.UpstreamError)
+EXPECTED = (MatrixError, DockerUnavailable, BaseUnavailable, LocalBaseError, upstream.UpstreamError,
+            TokenizerError)
 
 
 def fail(message: str, code: int = 1):
@@ -42,6 +44,11 @@ def parse_build_args(pairs) -> dict[str, str]:
         key, value = pair.split("=", 1)
         out[key] = value
     return out
+
+
+def tiny_tag(m, name: str) -> str:
+    """Images that bake the tiny test tokenizer never carry the real tag."""
+    return f"{m.tag(name)}-tiny"
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -97,8 +104,13 @@ def stage_cmd():
 @click.option("--no-cache", is_flag=True)
 @click.option("--dry-run", is_flag=True, help="Print the equivalent `docker build` and stop.")
 @click.option("--build-arg", "build_args", multiple=True, metavar="KEY=VALUE")
+@click.option("--tokenizer-source", metavar="DIR_OR_HUB_ID",
+              help="Where the BOS tokenizer copy comes from (default: the target's model on the hub, "
+                   "with HF_TOKEN from the environment).")
+@click.option("--tiny", is_flag=True, help="Bake the tiny test model's tokenizer (no hub) and tag "
+              "<tag>-tiny: the image `smoke --tiny` serves.")
 @click.option("-v", "--verbose", is_flag=True, help="Stream every build step's output.")
-def build(targets, base_image, tag, no_cache, dry_run, build_args, verbose):
+def build(targets, base_image, tag, no_cache, dry_run, build_args, tokenizer_source, tiny, verbose):
     """Build TARGETS (names or aliases; `all` for every target)."""
     m = load()
     names = list(m.targets) if targets == ("all",) else []
@@ -109,15 +121,22 @@ def build(targets, base_image, tag, no_cache, dry_run, build_args, verbose):
     if tag and len(names) > 1:
         fail("--tag names one image; give one target", 2)
     extra = parse_build_args(build_args)
+    if tiny and tokenizer_source:
+        fail("--tiny and --tokenizer-source both name the tokenizer; give one", 2)
+    if tiny:
+        from gemma4_images import tiny_model
+        tokenizer_source = str(tiny_model.ensure())
     if dry_run:
         for name in names:
-            click.echo(images.dry_run(m, name, base_image, tag, no_cache, extra))
+            click.echo(images.dry_run(m, name, base_image, tag, no_cache, tokenizer_source, extra))
         return
     try:
         client = connect()
         for name in names:
-            built = images.build_target(client, m, name, base_override=base_image, tag=tag, nocache=no_cache,
-                                        extra_args=extra, log=log, verbose=verbose)
+            built = images.build_target(client, m, name, base_override=base_image, nocache=no_cache,
+                                        tag=tag or (tiny_tag(m, name) if tiny else None),
+                                        tokenizer_source=tokenizer_source, extra_args=extra, log=log,
+                                        verbose=verbose)
             click.echo(built)
     except BuildFailed as e:
         click.echo("\n".join(f"  | {line}" for line in e.tail), err=True)
@@ -192,6 +211,7 @@ def smoke(target, image, model, tiny, report):
         fail("--tiny and --model both name the model; give one", 2)
     if tiny:
         model = str(tiny_model.ensure())
+    image = image or (tiny_tag(m, name) if tiny else None)
     result = smoke_mod.run_smoke(client, m, name, image=image, model=model, random_weights=tiny, log=log)
     path = Path(report or f"reports/smoke-{name}.json")
     result.write(path)

@@ -6,7 +6,7 @@ import subprocess
 import time
 from datetime import datetime, timezone
 
-from . import localbase, upstream
+from . import localbase, tokenizer_copy, upstream
 from .docker_build import BaseUnavailable, BuildSpec, build, digest_of, local_image, pull
 from .entrypoint import BUILD_FACTS
 from .matrix import ROOT, Matrix
@@ -30,7 +30,7 @@ def created() -> str:
     return datetime.fromtimestamp(int(epoch), tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def facts(matrix: Matrix, name: str, base_name: str, base_digest: str, fixes: str = "") -> dict[str, str]:
+def facts(matrix: Matrix, name: str, base_name: str, base_digest: str, bos_copy_of: str = "") -> dict[str, str]:
     """Build args for the Dockerfile; the image's labels and build.json are made from these."""
     tag = matrix.tag(name)
     values = {
@@ -44,7 +44,8 @@ def facts(matrix: Matrix, name: str, base_name: str, base_digest: str, fixes: st
         "GEMMA4_TARGET": name,
         "GEMMA4_MODEL_ID": matrix.project.model,
         "GEMMA4_VLLM_VERSION": matrix.project.vllm_version,
-        "GEMMA4_FIXES": fixes,
+        "GEMMA4_FIXES": ",".join(matrix.fixes(name)),
+        "GEMMA4_BOS_COPY_OF": bos_copy_of,
     }
     assert set(values) == set(BUILD_FACTS.values()), "facts and the entrypoint's BUILD_FACTS must agree"
     return values
@@ -74,15 +75,22 @@ def resolve_base(client, matrix: Matrix, name: str, override: str | None, log) -
     raise BaseUnavailable(f"cannot pull {wanted}: {reason}. {hint[0].upper() + hint[1:]}.")
 
 
+def fix_args(matrix: Matrix, name: str) -> dict[str, str]:
+    fixes = matrix.targets[name].fixes
+    return {"GEMMA4_FIXES_PROFILE": fixes.profile if fixes else "",
+            "GEMMA4_FIXES_OPT_IN": " ".join(fixes.opt_in) if fixes else ""}
+
+
 def build_target(client, matrix: Matrix, name: str, *, base_override=None, tag=None, nocache=False,
-                 extra_args=None, log=print, verbose=False) -> str:
+                 tokenizer_source=None, extra_args=None, log=print, verbose=False) -> str:
     name = matrix.resolve(name)
     tag = tag or matrix.tag(name)
     upstream.stage(matrix)
+    _, bos_copy_of = tokenizer_copy.stage(matrix, name, tokenizer_source)
     base = resolve_base(client, matrix, name, base_override, log)
     image = local_image(client, base)
-    buildargs = {"BASE_IMAGE": base,
-                 **facts(matrix, name, base, digest_of(image, matrix.targets[name].base.digest)),
+    buildargs = {"BASE_IMAGE": base, **fix_args(matrix, name),
+                 **facts(matrix, name, base, digest_of(image, matrix.targets[name].base.digest), bos_copy_of),
                  **(extra_args or {})}
     spec = BuildSpec(dockerfile=dockerfile_name(matrix.targets[name].family), tag=tag,
                      buildargs=buildargs, context=ROOT, nocache=nocache)
@@ -91,12 +99,15 @@ def build_target(client, matrix: Matrix, name: str, *, base_override=None, tag=N
     return tag
 
 
-def dry_run(matrix: Matrix, name: str, base_override=None, tag=None, nocache=False, extra_args=None) -> str:
+def dry_run(matrix: Matrix, name: str, base_override=None, tag=None, nocache=False, tokenizer_source=None,
+            extra_args=None) -> str:
     """The build as a command, without touching the engine (base digest shown as a placeholder)."""
     name = matrix.resolve(name)
     target = matrix.targets[name]
     base = base_override or target.base.ref
-    buildargs = {"BASE_IMAGE": base, **facts(matrix, name, base, target.base.digest or "<resolved at build>"),
+    bos = (tokenizer_source or matrix.project.model) if target.bos_tokenizer else ""
+    buildargs = {"BASE_IMAGE": base, **fix_args(matrix, name),
+                 **facts(matrix, name, base, target.base.digest or "<resolved at build>", bos),
                  **(extra_args or {})}
     return BuildSpec(dockerfile=dockerfile_name(target.family), tag=tag or matrix.tag(name),
                      buildargs=buildargs, context=ROOT, nocache=nocache).command_line()

@@ -1,6 +1,7 @@
 """Load and validate targets.yaml, the one table every other module reads."""
 from __future__ import annotations
 
+import json
 import shlex
 from pathlib import Path
 from typing import Literal
@@ -10,8 +11,11 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, mo
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGETS_FILE = ROOT / "targets.yaml"
+PROFILES = ROOT / "patches" / "profiles"
 FEATURES = ("tool_calling", "reasoning", "text_only", "spec_decoding")
 SHA256_DIGEST = r"^sha256:[0-9a-f]{64}$"
+# Where images hold the BOS tokenizer copy (patches/gemma4-bos-tokenizer) when a target bakes it.
+TOKENIZER_PATH = "/opt/gemma4-e2b/tokenizer"
 
 
 class MatrixError(Exception):
@@ -162,6 +166,16 @@ class Matrix(Strict):
                 if alias in names:
                     raise ValueError(f"targets.{name}.aliases: {alias!r} is already a target name")
                 names.add(alias)
+        for name, t in self.targets.items():
+            if t.fixes:
+                profile = load_profile(t.fixes.profile)
+                if profile is None:
+                    raise ValueError(f"targets.{name}.fixes.profile: no profile {t.fixes.profile!r} in "
+                                     f"patches/profiles/; known: {', '.join(p.stem for p in PROFILES.glob('*.json'))}")
+                unknown = [f for f in t.fixes.opt_in if f not in profile["opt_in"]]
+                if unknown:
+                    raise ValueError(f"targets.{name}.fixes.opt_in: {', '.join(unknown)} not opt-in fixes of "
+                                     f"{t.fixes.profile}; those are {', '.join(profile['opt_in'])}")
         for fam in self.families:
             envs = {tuple(sorted(t.env.items())) for t in self.targets.values() if t.family == fam}
             if len(envs) > 1:
@@ -209,13 +223,31 @@ class Matrix(Strict):
             "default_features": t.serve.default_features,
             "features": features,
             "unsupported_features": t.serve.unsupported_features,
+            "tokenizer": TOKENIZER_PATH if t.bos_tokenizer else None,
             "variants": variants,
             "guards": t.guards.model_dump(),
             "notes": t.notes,
         }
 
+    def fixes(self, name: str) -> list[str]:
+        """The fixes the target's image carries, in the pack's order."""
+        t = self.targets[self.resolve(name)]
+        if not t.fixes:
+            return []
+        profile = load_profile(t.fixes.profile)
+        return profile["generic"] + [f for f in profile["opt_in"] if f in t.fixes.opt_in]
+
     def recipe_launch(self, name: str) -> list[str]:
-        return shlex.split(self.targets[self.resolve(name)].recipe_launch)
+        """The recipe's launch as written in the seeds, with the baked tokenizer's path where the
+        target bakes the BOS copy (000 names its own /tmp path for it)."""
+        name = self.resolve(name)
+        launch = shlex.split(self.targets[name].recipe_launch)
+        return launch + ["--tokenizer", TOKENIZER_PATH] if self.targets[name].bos_tokenizer else launch
+
+
+def load_profile(name: str) -> dict | None:
+    path = PROFILES / f"{name}.json"
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def _check_feature_names(names):

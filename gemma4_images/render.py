@@ -7,7 +7,7 @@ from pathlib import Path
 import jinja2
 
 from .entrypoint import BUILD_FACTS
-from .matrix import ROOT, Matrix
+from .matrix import ROOT, TOKENIZER_PATH, Matrix
 
 TEMPLATES = ROOT / "templates"
 
@@ -39,6 +39,7 @@ def render_all(matrix: Matrix) -> dict[str, str]:
             # GEMMA4_TARGET is declared earlier, where the recipe file is chosen.
             build_args=[a for a in BUILD_FACTS.values() if a != "GEMMA4_TARGET"],
             labels=BUILD_FACTS,
+            tokenizer_path=TOKENIZER_PATH,
         )
         stage1 = [t.stage1 for t in targets if t.stage1]
         if stage1:

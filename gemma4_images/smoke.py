@@ -286,12 +286,13 @@ def planned_checks(matrix: Matrix, target: str, launch: list[str], random_weight
 
 # -- the run -------------------------------------------------------------------------------------
 
-def _container(matrix: Matrix, target: str, image: str, model: str | None, port: int):
+def _container(matrix: Matrix, target: str, image: str, model: str | None, port: int,
+               extra_args: list[str] = ()):
     """The container as targets.yaml says to run it, bound to 127.0.0.1:port, plus the model."""
     t = matrix.targets[target]
     kw = run_kwargs(t.run_flags)
     env = {**kw.pop("environment"), **t.smoke.env}
-    args = [*t.smoke.args, "--host", "127.0.0.1", "--port", str(port)]
+    args = [*t.smoke.args, "--host", "127.0.0.1", "--port", str(port), *extra_args]
     if t.smoke.shm_size:
         kw["shm_size"] = t.smoke.shm_size
     if t.smoke.user:

@@ -43,6 +43,7 @@ BUILD_FACTS = {
     "io.gemma4-images.model": "GEMMA4_MODEL_ID",
     "io.gemma4-images.vllm-version": "GEMMA4_VLLM_VERSION",
     "io.gemma4-images.fixes": "GEMMA4_FIXES",
+    "io.gemma4-images.tokenizer": "GEMMA4_BOS_COPY_OF",
 }
 
 
@@ -108,6 +109,8 @@ def compose(recipe: dict, env: dict, user_args: list[str]) -> list[str]:
     cmd += recipe["args"]
     for name in choose_features(recipe, env.get("GEMMA4_FEATURES")):
         cmd += recipe["features"][name]
+    if recipe.get("tokenizer"):
+        cmd += ["--tokenizer", recipe["tokenizer"]]
     return cmd + list(user_args)
 
 
@@ -152,8 +155,11 @@ def missing_files(recipe: dict) -> list[str]:
     for cmd in cmds:
         for flag, when in FILE_FLAGS.items():
             path = flag_value(cmd, flag)
-            if path and (when == "always" or path.startswith("/")) and not os.path.isfile(path):
+            if path and (when == "always" or path.startswith("/")) and not os.path.exists(path):
                 missing.append(f"{flag} {path}")
+    tokenizer = recipe.get("tokenizer")
+    if tokenizer and not os.path.isfile(os.path.join(tokenizer, "tokenizer.json")):
+        missing.append(f"--tokenizer {tokenizer} (the BOS tokenizer copy; build with --tokenizer-source)")
     return missing
 
 

@@ -4,7 +4,7 @@ import shlex
 
 import pytest
 
-from gemma4_images import images, localbase
+from gemma4_images import images, localbase, tiny_model
 
 pytestmark = pytest.mark.integration
 
@@ -12,7 +12,8 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def cpu_image(client, m):
     localbase.cpu_base(client, m.targets["xeon6"].base.local, print)
-    return images.build_target(client, m, "cpu", log=print)
+    return images.build_target(client, m, "cpu", tokenizer_source=str(tiny_model.ensure()),
+                               tag="gemma4-e2b:xeon6-v0.30.0-tiny", log=print)
 
 
 def run(client, image, args, **kw):
@@ -20,7 +21,6 @@ def run(client, image, args, **kw):
 
 
 def test_cpu_image_launch_is_the_xeon_recipe(client, m, cpu_image):
-    assert cpu_image == "gemma4-e2b:xeon6-v0.30.0"
     assert shlex.split(run(client, cpu_image, ["--print-command"])) == m.recipe_launch("xeon6")
 
 

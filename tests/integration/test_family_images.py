@@ -5,7 +5,7 @@ import shlex
 import pytest
 from docker.errors import ImageNotFound
 
-from gemma4_images import images, running
+from gemma4_images import images, running, tiny_model
 from gemma4_images.docker_build import BuildFailed
 from gemma4_images.entrypoint import BUILD_FACTS
 
@@ -18,7 +18,7 @@ def built(client, m, standin):
     base = standin("0.30.0")
     tags = {}
     for name in ONE_PER_FAMILY:
-        tags[name] = images.build_target(client, m, name, base_override=base,
+        tags[name] = images.build_target(client, m, name, base_override=base, tokenizer_source=str(tiny_model.ensure()),
                                          tag=f"gemma4-e2b-test/{name}:standin", log=print)
     return base, tags
 
@@ -72,7 +72,7 @@ def test_runtime_choices_reach_the_launch(client, built):
     out = client.containers.run(built[1]["gaudi2"], ["--print-command", "--max-num-seqs", "8"],
                                 environment={"GEMMA4_FEATURES": "+reasoning"}, remove=True,
                                 network_mode="host").decode()
-    assert out.strip().endswith("--reasoning-parser gemma4 --max-num-seqs 8")
+    assert out.strip().endswith("--reasoning-parser gemma4 --tokenizer /opt/gemma4-e2b/tokenizer --max-num-seqs 8")
 
 
 def test_gaudi_refuses_skip_warmup_at_run_time(client, built):

@@ -14,7 +14,8 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def cpu_image(client, m):
     localbase.cpu_base(client, m.targets["xeon6"].base.local, print)
-    return images.build_target(client, m, "cpu", log=print)
+    return images.build_target(client, m, "cpu", tokenizer_source=str(tiny_model.ensure()),
+                               tag="gemma4-e2b:xeon6-v0.30.0-tiny", log=print)
 
 
 def build_py(*args):
@@ -28,7 +29,7 @@ def test_cpu_smoke_tier_passes(cpu_image, tmp_path, no_new_containers):
     report = json.loads(report_path.read_text())
     status = {c["name"]: c["status"] for c in report["checks"]}
     must_pass = ["ready", "image_facts", "chat", "chat_stream", "completion", "chat_single_bos",
-                 "prompt_logprobs_rejected", "bad_requests"]
+                 "raw_prompt_bos", "prompt_logprobs_rejected", "bad_requests"]
     assert {name: status[name] for name in must_pass} == {name: "pass" for name in must_pass}
     assert status["reasoning"] == "skip"          # random weights cannot reason
     assert report["seconds_to_healthy"] > 0
@@ -45,9 +46,15 @@ def test_a_server_that_never_starts_fails_with_its_log_and_leaves_nothing(cpu_im
 
 @pytest.fixture(scope="module")
 def plain_server(client, m, cpu_image):
-    """The CPU image as built today, serving the tiny model, for checks that must fail on it."""
+    """The CPU image without its fixes pack, serving the tiny model with the model's own tokenizer
+    (the user's --tokenizer wins over the baked copy): the checks of those fixes must fail here."""
+    image = images.build_target(client, m, "cpu", tokenizer_source=str(tiny_model.ensure()),
+                                tag="gemma4-e2b-test/xeon6:unfixed", log=print,
+                                extra_args={"GEMMA4_FIXES_PROFILE": "", "GEMMA4_FIXES": ""})
+    model = tiny_model.ensure()
     port = smoke.free_port()
-    container, served, _ = smoke._container(m, "xeon6", cpu_image, str(tiny_model.ensure()), port)
+    container, served, _ = smoke._container(m, "xeon6", image, str(model), port,
+                                            extra_args=["--tokenizer", f"{smoke.MODEL_MOUNT}/{model.name}"])
     container.start()
     try:
         smoke._wait_healthy(container, f"http://127.0.0.1:{port}", 600)

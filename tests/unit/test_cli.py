@@ -64,7 +64,7 @@ def test_committed_generated_files_match_a_fresh_render():
 
 
 def test_render_check_fails_on_drift_and_names_the_fix(tmp_path):
-    for item in ("build.py", "gemma4_images", "templates", "image", "targets.yaml"):
+    for item in ("build.py", "gemma4_images", "templates", "image", "patches", "targets.yaml"):
         src = ROOT / item
         (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / item)
     for dockerfile in ROOT.glob("Dockerfile.*"):
