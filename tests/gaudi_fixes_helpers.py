@@ -1,0 +1,186 @@
+"""Helpers for the tests of the vllm_gaudi-level fixes (tests/unit/test_gaudi_fix_*.py).
+
+Two kinds of tests use them:
+
+* CI tests, which need neither vllm nor vllm-gaudi. They test the small pure
+  functions each fix adds. Those functions are taken from the ``+`` lines of the
+  fix's own ``fix.diff`` (``added_functions``), so the code under test is exactly
+  the code the pack ships; nothing is copied by hand.
+* Reproduction tests, which import a vllm-gaudi file (for example
+  ``vllm_gaudi/v1/worker/hpu_input_batch.py``) from a checkout named by the
+  environment variable ``VLLM_GAUDI_SRC``, against an importable vllm 0.30.0,
+  once as upstream has it and once with the pack's fixes applied by the pack's
+  own applier (``patches/apply_all.py``, exact placement, no fuzz).
+
+The only HPU-only import of hpu_input_batch.py is ``vllm_gaudi.utils`` (which
+imports habana_frameworks). The stub put in its place holds that module's own
+``async_h2d_copy`` / ``async_h2d_update``, read from the checkout's utils.py
+with ``ast`` and bound to ``device="cpu"``.
+"""
+import ast
+import functools
+import importlib.util
+import json
+import os
+import sys
+import textwrap
+import types
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACK = os.path.join(REPO, "patches")
+PROFILE = "v0.30.0"
+
+
+def load_applier():
+    spec = importlib.util.spec_from_file_location("_gaudi_fixes_apply_all", os.path.join(PACK, "apply_all.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def gaudi_fixes():
+    """The pack's vllm_gaudi fixes that exist, in pack order (the profile's order)."""
+    with open(os.path.join(PACK, "profiles", PROFILE + ".json"), encoding="utf-8") as f:
+        prof = json.load(f)
+    names = []
+    for name in prof["generic"] + prof["opt_in"]:
+        path = os.path.join(PACK, name, "fix.json")
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                if json.load(f)["package"] == "vllm_gaudi":
+                    names.append(name)
+    return names
+
+
+def fix_diff(name):
+    with open(os.path.join(PACK, name, "fix.diff"), encoding="utf-8") as f:
+        return f.read()
+
+
+def added_lines(name, path):
+    """The '+' lines (without the '+') that fix `name` adds to `path`, hunk by hunk."""
+    applier = load_applier()
+    hunks = applier.parse_diff(fix_diff(name), f"fix {name}")[path]
+    return [[text for tag, text in hunk.lines if tag == "+"] for hunk in hunks]
+
+
+def added_source(name, path, func):
+    """Source of the top-level function `func` that fix `name` adds to `path`.
+
+    The function must be added whole inside one hunk (it is new code, not an
+    edit of upstream lines), which this checks by parsing exactly those lines.
+    """
+    for lines in added_lines(name, path):
+        text = "".join(lines)
+        try:
+            tree = ast.parse(textwrap.dedent(text))
+        except SyntaxError:
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and node.name == func:
+                return ast.get_source_segment(textwrap.dedent(text), node)
+    raise AssertionError(f"fix {name} does not add a whole function {func}() to {path}")
+
+
+def added_functions(name, path, *funcs, namespace=None):
+    """Compile the functions `funcs` that fix `name` adds to `path`; return them."""
+    ns = dict(namespace or {})
+    for func in funcs:
+        exec(compile(added_source(name, path, func), f"<{name}:{path}:{func}>", "exec"), ns)
+    return [ns[f] for f in funcs] if len(funcs) > 1 else ns[funcs[0]]
+
+
+# ------------------------------------------------------------ checkout-based tests
+def gaudi_src_or_skip():
+    src = os.environ.get("VLLM_GAUDI_SRC")
+    if not src:
+        pytest.skip("VLLM_GAUDI_SRC is not set (needs a vllm-gaudi checkout; CI has none)")
+    if not os.path.isfile(os.path.join(src, "vllm_gaudi", "v1", "worker", "hpu_input_batch.py")):
+        pytest.skip(f"VLLM_GAUDI_SRC={src} is not a vllm-gaudi checkout")
+    return src
+
+
+def vllm_or_skip():
+    try:
+        import vllm  # noqa: F401
+        import vllm.v1.sample.metadata  # noqa: F401
+    except Exception as err:  # pragma: no cover - depends on the environment
+        pytest.skip(f"vllm is not importable here ({type(err).__name__}: {err}); run with a vllm 0.30.0 venv")
+    import vllm
+    if not vllm.__version__.startswith("0.30.0"):
+        pytest.skip(f"needs vllm 0.30.0, found {vllm.__version__}")
+
+
+def file_text(src, path, fixes=(), exact=True):
+    """`path` from the checkout, with `fixes` (pack names) applied in pack order.
+
+    exact: each hunk must match at its stated line (true when all earlier fixes
+    of the pack on this file are applied too); otherwise the applier's unique
+    exact match elsewhere (an offset, never fuzz) is accepted."""
+    applier = load_applier()
+    with open(os.path.join(src, path), encoding="utf-8") as f:
+        lines = applier.split_lines(f.read())
+    for name in [n for n in gaudi_fixes() if n in fixes]:
+        hunks = applier.parse_diff(fix_diff(name), f"fix {name}").get(path)
+        if hunks:
+            lines, notes = applier.apply_hunks(lines, hunks)
+            assert not (exact and notes), f"fix {name} applies only at an offset: {notes}"
+    return "".join(lines)
+
+
+def _cpu_utils_stub(src):
+    """A `vllm_gaudi.utils` holding the checkout's own async_h2d_* bound to CPU."""
+    with open(os.path.join(src, "vllm_gaudi", "utils.py"), encoding="utf-8") as f:
+        text = f.read()
+    wanted = {"async_h2d_copy", "async_h2d_update"}
+    nodes = [n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef) and n.name in wanted]
+    assert {n.name for n in nodes} == wanted, "vllm_gaudi/utils.py lacks async_h2d_copy/async_h2d_update"
+    import torch
+    ns = {"torch": torch}
+    for node in nodes:
+        exec(compile(ast.get_source_segment(text, node), "vllm_gaudi/utils.py", "exec"), ns)
+    stub = types.ModuleType("vllm_gaudi.utils")
+    for name in wanted:
+        setattr(stub, name, functools.partial(ns[name], device="cpu"))
+    return stub
+
+
+def load_input_batch(src, fixes=(), exact=True):
+    """Import hpu_input_batch.py from the checkout (with `fixes` applied) on CPU."""
+    path = "vllm_gaudi/v1/worker/hpu_input_batch.py"
+    code = compile(file_text(src, path, fixes, exact), os.path.join(src, path), "exec")
+    saved = {k: sys.modules.get(k) for k in ("vllm_gaudi", "vllm_gaudi.utils")}
+    pkg = types.ModuleType("vllm_gaudi")
+    pkg.__path__ = []
+    sys.modules["vllm_gaudi"], sys.modules["vllm_gaudi.utils"] = pkg, _cpu_utils_stub(src)
+    try:
+        module = types.ModuleType("hpu_input_batch_under_test")
+        module.__file__ = os.path.join(src, path)
+        exec(code, module.__dict__)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                sys.modules.pop(key, None)
+            else:
+                sys.modules[key] = value
+    return module
+
+
+def make_batch(mod, max_num_reqs=4, vocab_size=32):
+    import torch
+    return mod.InputBatch(max_num_reqs=max_num_reqs, max_model_len=64, max_num_batched_tokens=64,
+                          device=torch.device("cpu"), pin_memory=False, vocab_size=vocab_size,
+                          block_sizes=[16], kernel_block_sizes=[16])
+
+
+def make_request(mod, req_id, prompt, output=(), **sampling):
+    from vllm.sampling_params import SamplingParams
+    bad_words = sampling.pop("bad_words_token_ids", None)
+    params = SamplingParams(**sampling)
+    if bad_words is not None:
+        params._bad_words_token_ids = bad_words  # what update_from_tokenizer() sets
+    return mod.CachedRequestState(req_id=req_id, prompt_token_ids=list(prompt), mm_features=[],
+                                  sampling_params=params, generator=None, block_ids=[[0]],
+                                  num_computed_tokens=0, output_token_ids=list(output))
