@@ -4,7 +4,7 @@ PY := .venv/bin/python
 PYTEST_ARGS ?= -m "not device"
 
 .DEFAULT_GOAL := help
-.PHONY: help host quickstart image images base render lint smoke test list
+.PHONY: help host quickstart image images base render lint smoke check-fixes test list
 
 help: ## Show targets and variables
 	@echo "usage: make <target> [HW=<hardware>]"
@@ -37,9 +37,13 @@ base: host ## Build HW's local stand-in base without a registry (cpu only)
 render: host ## Re-render Dockerfile.* and image/recipes/ from targets.yaml
 	$(PY) build.py render
 
-lint: host ## hadolint every rendered Dockerfile (ignores justified in .hadolint.yaml)
+lint: host ## render --check, then hadolint every Dockerfile (each inline ignore says why)
 	$(PY) build.py render --check
 	.venv/bin/hadolint --no-color Dockerfile.* bases/*/Dockerfile
+
+check-fixes: host ## Apply the vllm-gaudi fixes to a checkout and run their tests: VLLM_GAUDI_SRC=DIR
+	@test -n "$(VLLM_GAUDI_SRC)" || { echo "usage: make check-fixes VLLM_GAUDI_SRC=/path/to/vllm-gaudi"; exit 2; }
+	scripts/check-fixes.sh "$(VLLM_GAUDI_SRC)"
 
 smoke: host ## Smoke-test HW's built image (add SMOKE_ARGS="--tiny" for the tiny CPU model)
 	$(PY) build.py smoke $(HW) $(SMOKE_ARGS)

@@ -67,15 +67,17 @@ def rootfs(client, log) -> str:
     return ROOTFS_TAG
 
 
-def wheelhouse(requirement: str = CPU_REQUIREMENT) -> Path:
-    """Wheels for requirement and its dependencies, for CPython 3.11, downloaded once per machine."""
-    dest = cache_dir() / f"wheelhouse-{requirement.replace('==', '-')}"
+def wheelhouse(requirement: str = CPU_REQUIREMENT, deps: bool = True) -> Path:
+    """Wheels for requirement (and its dependencies unless deps=False), for CPython 3.11,
+    downloaded once per machine."""
+    dest = cache_dir() / f"wheelhouse-{requirement.replace('==', '-')}{'' if deps else '-nodeps'}"
     done = dest / ".complete"
     if done.exists():
         return dest
     dest.mkdir(parents=True, exist_ok=True)
     run = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:",
-                          "--python-version", "3.11", "-d", str(dest), requirement],
+                          "--python-version", "3.11", "-d", str(dest), requirement,
+                          *([] if deps else ["--no-deps"])],
                          capture_output=True, text=True)
     if run.returncode != 0:
         raise LocalBaseError(f"pip download {requirement} failed:\n" + "\n".join(run.stderr.splitlines()[-10:]))

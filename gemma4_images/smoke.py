@@ -184,6 +184,7 @@ class Checks:
         text = (message.get("content") or "") + (message.get("reasoning") or message.get("reasoning_content") or "")
         expect(text != "", "content in the answer", message)
         expect(body.get("usage", {}).get("completion_tokens") == 8, "usage.completion_tokens == 8", body.get("usage"))
+        return f"answer: {text[:48]!r}"
 
     def chat_stream(self):
         req = urllib.request.Request(self.url + "/v1/chat/completions", method="POST",
@@ -255,14 +256,21 @@ class Checks:
 def image_facts(client, matrix: Matrix, target: str, image: str) -> None:
     """Labels and /etc/gemma4-e2b/build.json agree with each other and with targets.yaml."""
     labels = client.images.get(image).labels
+    fixes = matrix.fixes(target)
     want = {"io.gemma4-images.target": target, "io.gemma4-images.model": matrix.project.model,
-            "io.gemma4-images.vllm-version": matrix.project.vllm_version}
+            "io.gemma4-images.vllm-version": matrix.project.vllm_version,
+            "io.gemma4-images.fixes": ",".join(fixes)}
     got = {k: labels.get(k) for k in want}
     expect(got == want, json.dumps(want), got)
-    raw = client.containers.run(image, ["/etc/gemma4-e2b/build.json"], entrypoint=["cat"], remove=True,
-                                network_mode="host")
-    build = json.loads(raw)
+
+    def read(path):
+        return client.containers.run(image, [path], entrypoint=["cat"], remove=True, network_mode="host")
+    build = json.loads(read("/etc/gemma4-e2b/build.json"))
     expect(build == {k: labels.get(k, "") for k in BUILD_FACTS}, "build.json == the image's labels", build)
+    if fixes:
+        recorded = [f["name"] for f in json.loads(read("/etc/gemma4-e2b/fixes.json"))["fixes"]]
+        expect(sorted(recorded) == sorted(fixes), f"fixes.json to record {fixes}", recorded)
+    return f"{len(fixes)} fixes recorded" if fixes else "no fixes pack for this target"
 
 
 def planned_checks(matrix: Matrix, target: str, launch: list[str], random_weights: bool) -> list[tuple[str, str | None]]:
@@ -356,8 +364,9 @@ def run_smoke(client, matrix: Matrix, target: str, image: str | None = None, mod
                 continue
             start = time.monotonic()
             try:
-                image_facts(client, matrix, target, image) if name == "image_facts" else getattr(checks, name)()
-                check = Check(name, "pass")
+                detail = image_facts(client, matrix, target, image) if name == "image_facts" \
+                    else getattr(checks, name)()
+                check = Check(name, "pass", detail or "")
             except (CheckFailed, OSError, KeyError, ValueError) as e:
                 check = Check(name, "fail", f"{type(e).__name__}: {e}" if not isinstance(e, CheckFailed) else str(e))
             check.seconds = round(time.monotonic() - start, 1)

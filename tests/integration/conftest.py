@@ -20,6 +20,18 @@ RUN site="$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"]
 LABEL io.gemma4-images.stand-in="vllm {version} metadata only"
 """
 
+REAL_FILES_DOCKERFILE = """\
+ARG ROOTFS_IMAGE
+FROM ${ROOTFS_IMAGE}
+ARG WHEELS_URL
+# STAND-IN, not a vLLM image: vLLM 0.30.0's real files from its wheel, without the dependencies
+# that would let it run. The fixes pack and its version guard meet the real sources here.
+RUN python3 -m venv /opt/venv \\
+    && /opt/venv/bin/pip install --no-cache-dir --no-index --no-deps --find-links "${WHEELS_URL}" vllm==0.30.0
+ENV PATH=/opt/venv/bin:$PATH
+LABEL io.gemma4-images.stand-in="vllm 0.30.0 files only (no dependencies)"
+"""
+
 
 def log(line):
     print(line)
@@ -51,6 +63,18 @@ def standin(client, rootfs):
                                     buildargs={"ROOTFS_IMAGE": rootfs}), log)
         return tag
     return make
+
+
+@pytest.fixture(scope="session")
+def standin_real(client, rootfs):
+    """vLLM 0.30.0's real files on the Debian base: the stand-in for vendor bases the fixes apply to."""
+    tag = "gemma4-e2b-standin/vllm-files-only:0.30.0"
+    wheels = localbase.wheelhouse("vllm==0.30.0", deps=False)
+    with tempfile.TemporaryDirectory() as ctx, localbase.serve_directory(wheels) as url:
+        (Path(ctx) / "Dockerfile").write_text(REAL_FILES_DOCKERFILE)
+        build(client, BuildSpec(dockerfile="Dockerfile", tag=tag, context=Path(ctx),
+                                buildargs={"ROOTFS_IMAGE": rootfs, "WHEELS_URL": url}), log)
+    return tag
 
 
 @pytest.fixture
