@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from gemma4_images import localbase, matrix
+from gemma4_images import images, localbase, matrix, tiny_model
 from gemma4_images.docker_build import BuildSpec, build, connect
 
 STANDIN_DOCKERFILE = """\
@@ -75,6 +75,14 @@ def standin_real(client, rootfs):
         build(client, BuildSpec(dockerfile="Dockerfile", tag=tag, context=Path(ctx),
                                 buildargs={"ROOTFS_IMAGE": rootfs, "WHEELS_URL": url}), log)
     return tag
+
+
+@pytest.fixture(scope="session")
+def cpu_image(client, m):
+    """The CPU target built for real on the registry-free base, baking the tiny tokenizer."""
+    localbase.cpu_base(client, m.targets["xeon6"].base.local, log)
+    return images.build_target(client, m, "cpu", tokenizer_source=str(tiny_model.ensure()),
+                               tag="gemma4-e2b:xeon6-v0.30.0-tiny", log=log)
 
 
 @pytest.fixture

@@ -4,16 +4,9 @@ import shlex
 
 import pytest
 
-from gemma4_images import images, localbase, tiny_model
+from gemma4_images import localbase
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def cpu_image(client, m):
-    localbase.cpu_base(client, m.targets["xeon6"].base.local, print)
-    return images.build_target(client, m, "cpu", tokenizer_source=str(tiny_model.ensure()),
-                               tag="gemma4-e2b:xeon6-v0.30.0-tiny", log=print)
 
 
 def run(client, image, args, **kw):

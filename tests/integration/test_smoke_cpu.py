@@ -6,16 +6,9 @@ import sys
 
 import pytest
 
-from gemma4_images import images, localbase, matrix, smoke, tiny_model
+from gemma4_images import images, matrix, smoke, tiny_model
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def cpu_image(client, m):
-    localbase.cpu_base(client, m.targets["xeon6"].base.local, print)
-    return images.build_target(client, m, "cpu", tokenizer_source=str(tiny_model.ensure()),
-                               tag="gemma4-e2b:xeon6-v0.30.0-tiny", log=print)
 
 
 def build_py(*args):
