@@ -82,18 +82,19 @@ def fix_args(matrix: Matrix, name: str) -> dict[str, str]:
 
 
 def build_target(client, matrix: Matrix, name: str, *, base_override=None, tag=None, nocache=False,
-                 tokenizer_source=None, extra_args=None, log=print, verbose=False) -> str:
+                 tokenizer_source=None, extra_args=None, log=print, verbose=False, context=ROOT) -> str:
+    """Build name's image from the build context (the repository, or a copy of its image inputs)."""
     name = matrix.resolve(name)
     tag = tag or matrix.tag(name)
-    upstream.stage(matrix)
-    _, bos_copy_of = tokenizer_copy.stage(matrix, name, tokenizer_source)
+    upstream.stage(matrix, context / ".build" / "upstream")
+    _, bos_copy_of = tokenizer_copy.stage(matrix, name, tokenizer_source, context / ".build" / "tokenizer")
     base = resolve_base(client, matrix, name, base_override, log)
     image = local_image(client, base)
     buildargs = {"BASE_IMAGE": base, **fix_args(matrix, name),
                  **facts(matrix, name, base, digest_of(image, matrix.targets[name].base.digest), bos_copy_of),
                  **(extra_args or {})}
     spec = BuildSpec(dockerfile=dockerfile_name(matrix.targets[name].family), tag=tag,
-                     buildargs=buildargs, context=ROOT, nocache=nocache)
+                     buildargs=buildargs, context=context, nocache=nocache)
     log(f"building {tag} ({spec.dockerfile} on {base})")
     build(client, spec, log, verbose=verbose)
     return tag

@@ -17,10 +17,10 @@ class TokenizerError(Exception):
     pass
 
 
-def stage(matrix: Matrix, name: str, source: str | None = None) -> tuple[Path, str]:
+def stage(matrix: Matrix, name: str, source: str | None = None, stage_dir: Path = STAGE) -> tuple[Path, str]:
     """Fill .build/tokenizer/<target>/ (left empty when the target bakes no copy); returns the
     folder and a description of its source for the image's labels."""
-    out = STAGE / name
+    out = stage_dir / name
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     if not matrix.targets[name].bos_tokenizer:
