@@ -14,8 +14,8 @@ ONE_PER_FAMILY = ["gaudi2", "h100", "b300", "mi355x", "ironwood"]
 
 
 @pytest.fixture(scope="module")
-def built(client, m, standin):
-    base = standin("0.30.0")
+def built(client, m, standin_real):
+    base = standin_real
     tags = {}
     for name in ONE_PER_FAMILY:
         tags[name] = images.build_target(client, m, name, base_override=base, tokenizer_source=str(tiny_model.ensure()),
