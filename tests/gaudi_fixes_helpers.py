@@ -168,11 +168,11 @@ def load_input_batch(src, fixes=(), exact=True):
     return module
 
 
-def make_batch(mod, max_num_reqs=4, vocab_size=32):
+def make_batch(mod, max_num_reqs=4, vocab_size=32, logitsprocs=None):
     import torch
     return mod.InputBatch(max_num_reqs=max_num_reqs, max_model_len=64, max_num_batched_tokens=64,
                           device=torch.device("cpu"), pin_memory=False, vocab_size=vocab_size,
-                          block_sizes=[16], kernel_block_sizes=[16])
+                          block_sizes=[16], kernel_block_sizes=[16], logitsprocs=logitsprocs)
 
 
 def make_request(mod, req_id, prompt, output=(), **sampling):
@@ -184,3 +184,20 @@ def make_request(mod, req_id, prompt, output=(), **sampling):
     return mod.CachedRequestState(req_id=req_id, prompt_token_ids=list(prompt), mm_features=[],
                                   sampling_params=params, generator=None, block_ids=[[0]],
                                   num_computed_tokens=0, output_token_ids=list(output))
+
+
+def defs_from_file(src, path, fixes, names, namespace, cls=None, exact=True):
+    """Compile the top-level functions `names` of `path` (or, with `cls`, the
+    methods of that class, as plain functions taking `self`) from the checkout
+    with `fixes` applied; return {name: function}. Names the file lacks are
+    left out. Only those definitions run: the module's imports do not."""
+    text = file_text(src, path, fixes, exact)
+    body = ast.parse(text).body
+    if cls is not None:
+        body = next(n for n in body if isinstance(n, ast.ClassDef) and n.name == cls).body
+    ns = dict(namespace)
+    for node in body:
+        if isinstance(node, ast.FunctionDef) and node.name in names:
+            source = textwrap.dedent(ast.get_source_segment(text, node, padded=True))
+            exec(compile(source, os.path.join(src, path), "exec"), ns)
+    return {name: ns[name] for name in names if name in ns}

@@ -1,0 +1,195 @@
+"""Fix logitsprocs-rows (vllm_gaudi/v1/worker/hpu_input_batch.py, hpu_model_runner.py):
+min_p, logit_bias and min_tokens are applied.
+
+Upstream never feeds the batch-update builder nor calls the logits processors'
+update_state(), so vLLM's built-in MinP / LogitBias / MinTokens processors hold no
+request and change nothing. The fix records adds / removals / swaps / condense moves
+as vLLM's GPU input batch does, updates the processors once per step
+(InputBatch.update_logitsprocs(), called by sample_tokens), and maps each row of a
+selective batch's logits to the persistent-batch index the processors are keyed by.
+
+CI part: the added first_row_of_each_index(), taken from the fix's own fix.diff.
+Checkout part (VLLM_GAUDI_SRC + vllm 0.30.0): the real InputBatch on CPU with vLLM's
+real built-in processors and, for the end-to-end cases, vLLM's real Sampler.
+"""
+import os
+import sys
+import types
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import gaudi_fixes_helpers as h  # noqa: E402
+
+BATCH = "vllm_gaudi/v1/worker/hpu_input_batch.py"
+RUNNER = "vllm_gaudi/v1/worker/hpu_model_runner.py"
+FIXED = ["sampling-rows-refresh", "bad-words-index", "logitsprocs-rows"]  # the pack's fixes of hpu_input_batch.py
+VOCAB = 32
+
+
+# ------------------------------------------------------------------ CI: pure function, call site
+def test_first_row_of_each_index():
+    first = h.added_functions("logitsprocs-rows", BATCH, "first_row_of_each_index")
+    assert first([1]) == ([0], [1])                       # a prefill of persistent row 1, sampled alone
+    assert first([0, 1, 2]) == ([0, 1, 2], [0, 1, 2])
+    assert first([2, 0]) == ([0, 1], [2, 0])
+    assert first([3, 1, 3, 3]) == ([0, 1], [3, 1])        # padding repeats the first request
+    assert first([]) == ([], [])
+
+
+def test_runner_updates_logitsprocs_once_per_step():
+    added = [line.strip() for lines in h.added_lines("logitsprocs-rows", RUNNER) for line in lines]
+    assert "self.input_batch.update_logitsprocs(output_token_ids_kept=not self.use_async_scheduling)" in added
+
+
+# ------------------------------------------------------------------ checkout: real InputBatch + processors
+@pytest.fixture(scope="module")
+def src():
+    src = h.gaudi_src_or_skip()
+    h.vllm_or_skip()
+    return src
+
+
+def _processors():
+    from vllm.v1.sample.logits_processor import LogitsProcessors
+    from vllm.v1.sample.logits_processor.builtin import (LogitBiasLogitsProcessor, MinPLogitsProcessor,
+                                                         MinTokensLogitsProcessor)
+    config = types.SimpleNamespace(scheduler_config=types.SimpleNamespace(max_num_seqs=4))
+    return LogitsProcessors([MinPLogitsProcessor(config, "cpu", False), LogitBiasLogitsProcessor(config, "cpu", False),
+                             MinTokensLogitsProcessor(config, "cpu", False)])
+
+
+def _batch(mod, *requests):
+    b = h.make_batch(mod, vocab_size=VOCAB, logitsprocs=_processors())
+    for req in requests:
+        b.add_request(req)
+    b.refresh_sampling_metadata()  # what _update_states does when the batch changed
+    return b
+
+
+def _step(b):
+    """What the patched sample_tokens does before sampling; upstream has no such call."""
+    if hasattr(b, "update_logitsprocs"):
+        b.update_logitsprocs()
+
+
+def _sample(b, req_ids, logits):
+    from vllm.v1.sample.sampler import Sampler
+    meta = b.make_selective_sampling_metadata([(r, b.req_output_token_ids[b.req_id_to_index[r]]) for r in req_ids],
+                                              skip_copy=False)
+    return Sampler()(logits.clone(), meta).sampled_token_ids.flatten().tolist()
+
+
+def _logits(rows, best):
+    import torch
+    logits = torch.zeros(rows, VOCAB)
+    for row, token in enumerate(best):
+        logits[row, token] = 10.0
+    return logits
+
+
+def _bias_case(mod):
+    """A decodes in row 0; B (greedy, logit_bias +100 on token 5) is a prefill sampled alone."""
+    a = h.make_request(mod, "A", [1, 2], output=[3], temperature=0.0)
+    b_req = h.make_request(mod, "B", [4], temperature=0.0, logit_bias={5: 100.0})
+    b = _batch(mod, a, b_req)
+    _step(b)
+    return _sample(b, ["B"], _logits(1, [9])), _sample(b, ["A", "B"], _logits(2, [9, 9]))
+
+
+def test_upstream_ignores_logit_bias(src):
+    alone, both = _bias_case(h.load_input_batch(src))
+    assert alone == [9] and both == [9, 9], "upstream: logit_bias ignored"
+
+
+def test_fixed_logit_bias_on_own_row(src):
+    alone, both = _bias_case(h.load_input_batch(src, FIXED))
+    assert alone == [5]       # selective batch: B is row 0 here, persistent row 1
+    assert both == [9, 5]     # A untouched
+
+
+def _min_p_case(mod):
+    """B (min_p 0.5) sampled alone as row 0: tokens below half the top probability are cut."""
+    import torch
+    a = h.make_request(mod, "A", [1, 2], output=[3], temperature=1.0)
+    b_req = h.make_request(mod, "B", [4], temperature=1.0, min_p=0.5)
+    b = _batch(mod, a, b_req)
+    _step(b)
+    meta = b.make_selective_sampling_metadata([("B", [])], skip_copy=False)
+    logits = torch.full((1, VOCAB), -5.0)
+    logits[0, 3], logits[0, 4], logits[0, 8] = 2.0, 1.9, 1.0   # 8 is < 0.5 * p(3)
+    for proc in meta.logitsprocs.argmax_invariant:
+        logits = proc.apply(logits)
+    return [t for t in range(VOCAB) if logits[0, t] != float("-inf")]
+
+
+def test_upstream_ignores_min_p(src):
+    assert len(_min_p_case(h.load_input_batch(src))) == VOCAB, "upstream: min_p ignored"
+
+
+def test_fixed_min_p_on_own_row(src):
+    assert _min_p_case(h.load_input_batch(src, FIXED)) == [3, 4]
+
+
+def _min_tokens_case(mod, kept=True):
+    """B: min_tokens 2, stop token 7, greedy, and its logits favour 7 at each step."""
+    b_req = h.make_request(mod, "B", [4], temperature=0.0, min_tokens=2, stop_token_ids=[7])
+    a = h.make_request(mod, "A", [1, 2], output=[3], temperature=0.0)
+    b = _batch(mod, a, b_req)
+    got = []
+    for _ in range(3):
+        if hasattr(b, "update_logitsprocs"):
+            b.update_logitsprocs(output_token_ids_kept=kept)
+        logits = _logits(1, [7])
+        logits[0, 11] = 5.0  # the runner-up
+        token = _sample(b, ["B"], logits)[0]
+        got.append(token)
+        b_req.output_token_ids.append(token)  # what sample_tokens does with the sampled token
+    return got
+
+
+def test_upstream_ignores_min_tokens(src):
+    assert _min_tokens_case(h.load_input_batch(src)) == [7, 7, 7], "upstream: min_tokens ignored"
+
+
+def test_fixed_min_tokens(src):
+    assert _min_tokens_case(h.load_input_batch(src, FIXED)) == [11, 11, 7]
+
+
+def test_fixed_min_tokens_off_without_output_tokens(src):
+    # async scheduling: output_token_ids does not grow, so min_tokens is left off (as upstream)
+    assert _min_tokens_case(h.load_input_batch(src, FIXED), kept=False) == [7, 7, 7]
+
+
+def test_fixed_rows_follow_swap_and_condense(src):
+    import torch
+    mod = h.load_input_batch(src, FIXED)
+    reqs = [h.make_request(mod, "A", [1], temperature=0.0),
+            h.make_request(mod, "B", [1], temperature=0.0, logit_bias={5: 100.0}),
+            h.make_request(mod, "C", [1], temperature=0.0, logit_bias={6: 100.0})]
+    b = _batch(mod, *reqs)
+    _step(b)
+    assert _sample(b, ["A", "B", "C"], _logits(3, [9, 9, 9])) == [9, 5, 6]
+    # step 2: A finishes (condense moves C into row 0), then a reorder swaps B and C
+    b.condense([b.remove_request("A")])
+    b.swap_states(0, 1)
+    _step(b)
+    assert (b.req_id_to_index["B"], b.req_id_to_index["C"]) == (0, 1)
+    assert _sample(b, ["B", "C"], _logits(2, [9, 9])) == [5, 6]
+    assert _sample(b, ["C"], _logits(1, [9])) == [6]
+    # step 3: D is added into the freed row... here row 2; B is removed
+    b.add_request(h.make_request(mod, "D", [1], temperature=0.0))
+    b.condense([b.remove_request("B")])  # D (row 2) moves into row 0
+    _step(b)
+    assert b.req_id_to_index == {"D": 0, "C": 1}
+    assert _sample(b, ["D", "C"], _logits(2, [9, 9])) == [9, 6]
+    # a padded decode batch (the first request repeated) keeps the real rows right
+    assert _sample(b, ["D", "C", "D"], _logits(3, [9, 9, 9]))[:2] == [9, 6]
+    # step 4: C, the last row, finishes (nothing moves); its bias must go with it
+    b.condense([b.remove_request("C")])
+    _step(b)
+    assert _sample(b, ["D"], _logits(1, [9])) == [9]
+    b.add_request(h.make_request(mod, "E", [1], temperature=0.0))  # E takes row 1, C's old row
+    _step(b)
+    assert _sample(b, ["D", "E"], _logits(2, [9, 9])) == [9, 9]
+    assert torch.is_tensor(b.make_selective_sampling_metadata([("E", [])]).temperature)
