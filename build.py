@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from gemma4_images import images, matrix as matrix_mod, render, running, upstream
+from gemma4_images import images, matrix as matrix_mod, render, running, tokenizer_copy, upstream
 from gemma4_images.docker_build import BaseUnavailable, BuildFailed, DockerUnavailable, connect, local_image
 from gemma4_images.localbase import LocalBaseError
 from gemma4_images.matrix import MatrixError
@@ -91,10 +91,18 @@ def render_cmd(check):
 
 
 @cli.command("stage")
-def stage_cmd():
-    """Put the upstream files serve flags name under .build/ (needed by a plain `docker build`)."""
-    for path in upstream.stage(load()):
-        click.echo(path)
+@click.option("--tokenizer-source", metavar="DIR_OR_HUB_ID", help="As for `build`.")
+def stage_cmd(tokenizer_source):
+    """Put what the Dockerfiles COPY from .build/ in place: the upstream files serve flags name and
+    each target's BOS tokenizer copy (needed by a plain `docker build` or `docker buildx bake`)."""
+    m = load()
+    try:
+        for path in upstream.stage(m):
+            click.echo(path)
+        for name in m.targets:
+            click.echo(tokenizer_copy.stage(m, name, tokenizer_source)[0])
+    except EXPECTED as e:
+        fail(str(e))
 
 
 @cli.command()
@@ -220,6 +228,51 @@ def smoke(target, image, model, tiny, report):
         click.echo("\ncontainer log (last lines):\n" + "\n".join(f"  | {line}" for line in result.log_tail[-40:]), err=True)
         fail(f"smoke test of {result.image} failed; report: {path}")
     click.echo(f"all checks passed; report: {path}")
+
+
+@cli.command()
+@click.argument("targets", nargs=-1, required=True)
+@click.option("--registry", required=True, metavar="HOST[:PORT]/NAMESPACE")
+@click.option("--image", help="Local image to push (one target only; default: the target's tag).")
+@click.option("--moving-tag", is_flag=True, help="Also move the plain <target> tag.")
+@click.option("--skip-smoke", is_flag=True, help="Push without a passing smoke report (loudly).")
+@click.option("--allow-dirty", is_flag=True, help="Push an image built from uncommitted changes.")
+def push(targets, registry, image, moving_tag, skip_smoke, allow_dirty):
+    """Tag and push TARGETS' images; prints each digest and records them in reports/pushed.json."""
+    from gemma4_images import publish
+    m = load()
+    if image and len(targets) > 1:
+        fail("--image names one image; give one target", 2)
+    try:
+        names = [m.resolve(t) for t in targets]
+    except MatrixError as e:
+        fail(str(e), 2)
+    try:
+        entries = publish.push(connect(), m, names, registry, moving_tag=moving_tag, skip_smoke=skip_smoke,
+                               allow_dirty=allow_dirty, sources={names[0]: image} if image else None, log=log)
+    except (publish.PushError, *EXPECTED) as e:
+        fail(str(e))
+    for entry in entries:
+        click.echo(f"{entry['repository']}@{entry['digest']}")
+
+
+@cli.command()
+@click.argument("target")
+@click.option("--replicas", default=1, show_default=True)
+@click.option("--image", help="Image reference (default: the last pushed digest, else the tag).")
+@click.option("--pvc", default="gemma4-e2b-hf-cache", show_default=True, help="Claim for the HF cache.")
+@click.option("--no-pvc", is_flag=True, help="Keep the HF cache in an emptyDir instead.")
+@click.option("--secret", default="hf-token", show_default=True, help="Secret holding HF_TOKEN.")
+def k8s(target, replicas, image, pvc, no_pvc, secret):
+    """Print a Kubernetes Deployment + Service for TARGET."""
+    from gemma4_images import k8s as k8s_mod, publish
+    m = load()
+    try:
+        name = m.resolve(target)
+    except MatrixError as e:
+        fail(str(e), 2)
+    click.echo(k8s_mod.render_k8s(m, name, replicas, image=image or publish.pushed_ref(name) or m.tag(name),
+                                  hf_cache_pvc=None if no_pvc else pvc, hf_token_secret=secret), nl=False)
 
 
 @cli.command()

@@ -9,8 +9,7 @@ from datetime import datetime, timezone
 from . import localbase, tokenizer_copy, upstream
 from .docker_build import BaseUnavailable, BuildSpec, build, digest_of, local_image, pull
 from .entrypoint import BUILD_FACTS
-from .matrix import ROOT, Matrix
-from .render import dockerfile_name
+from .matrix import ROOT, Matrix, dockerfile_name
 
 
 def _git(*args: str) -> str | None:

@@ -245,6 +245,10 @@ class Matrix(Strict):
         return launch + ["--tokenizer", TOKENIZER_PATH] if self.targets[name].bos_tokenizer else launch
 
 
+def dockerfile_name(family: str) -> str:
+    return f"Dockerfile.{family}"
+
+
 def load_profile(name: str) -> dict | None:
     path = PROFILES / f"{name}.json"
     return json.loads(path.read_text()) if path.is_file() else None

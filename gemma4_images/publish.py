@@ -1,0 +1,240 @@
+"""Push built images to a registry: gated on their smoke report, skipped when the registry already
+holds the same digest, every pushed digest recorded in reports/pushed.json for pipelines."""
+from __future__ import annotations
+
+import ipaddress
+import json
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from . import images
+from .docker_build import ANSI, local_image
+from .matrix import Matrix
+
+SHORT_SHA = 7
+PUSHED_FILE = "pushed.json"
+# What a HEAD on a tag may answer with: the daemon pushes Docker v2 manifests, other tools OCI.
+MANIFEST_TYPES = ", ".join([
+    "application/vnd.docker.distribution.manifest.v2+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.oci.image.index.v1+json",
+])
+
+
+class PushError(Exception):
+    """A push that cannot or must not happen; the message is one line saying why and what to do."""
+
+
+class RegistryUnavailable(PushError):
+    pass
+
+
+def split_registry(registry: str) -> tuple[str, str]:
+    """'HOST[:PORT][/NAMESPACE]' -> (host, namespace). A registry must name its host: a bare
+    namespace would send the image to Docker Hub, which nobody means by --registry."""
+    host, _, namespace = registry.strip().rstrip("/").partition("/")
+    if not host or not ("." in host or ":" in host or host == "localhost"):
+        raise PushError(f"--registry {registry!r}: expected HOST[:PORT][/NAMESPACE], e.g. 127.0.0.1:5000/ml")
+    return host, namespace
+
+
+def repository(matrix: Matrix, registry: str) -> str:
+    host, namespace = split_registry(registry)
+    return "/".join(p for p in (host, namespace, matrix.project.image) if p)
+
+
+def short_revision(image, allow_dirty: bool) -> str:
+    """The commit the image was built from (its revision label; the checkout's when the image has
+    none), shortened. HEAD may have moved since the build, so the label is the truth."""
+    full = (image.labels or {}).get("org.opencontainers.image.revision") or images.revision()
+    sha, dirty = full.removesuffix("-dirty"), full.endswith("-dirty")
+    if sha == "unknown" or not sha:
+        raise PushError("the image records no git revision, so it cannot get a -v<vllm>-<sha> tag; "
+                        "build it from a git checkout")
+    if dirty and not allow_dirty:
+        raise PushError(f"the image was built from uncommitted changes (revision {sha[:SHORT_SHA]}-dirty); "
+                        "commit and rebuild, or pass --allow-dirty to push it tagged …-dirty")
+    return sha[:SHORT_SHA] + ("-dirty" if dirty else "")
+
+
+def tags_for(matrix: Matrix, name: str, revision: str, moving_tag: bool) -> list[str]:
+    version = f"{name}-v{matrix.project.vllm_version}"
+    return [version, f"{version}-{revision}"] + ([name] if moving_tag else [])
+
+
+# -- the smoke gate ------------------------------------------------------------------------------
+
+def smoke_refusal(client, name: str, image, reports_dir: Path) -> str | None:
+    """Why image may not be pushed for target name, or None when its smoke report clears it."""
+    path = Path(reports_dir) / f"smoke-{name}.json"
+    run = f"run `python build.py smoke {name}` first"
+    try:
+        report = json.loads(path.read_text())
+    except OSError:
+        return f"no smoke report for {name} ({path}); {run}"
+    except ValueError:
+        return f"{path} is not valid JSON; {run}"
+    if report.get("target") != name:
+        return f"{path} is for target {report.get('target')!r}, not {name}; {run}"
+    if not report.get("ok"):
+        failed = [c["name"] for c in report.get("checks", []) if c.get("status") == "fail"]
+        return f"the smoke test of {report.get('image')} failed ({', '.join(failed) or 'no checks'}; {path})"
+    # The report names the image it tested; it clears this image only if that is the same image id.
+    tested = report.get("image_id") or getattr(local_image(client, report.get("image") or ""), "id", None)
+    if tested != image.id:
+        return (f"{path} tested {report.get('image')} ({(tested or 'no longer here')[:19]}), not this image "
+                f"({image.id[:19]}); {run} on the image you push")
+    # An image rebuilt under the same tag after its smoke test has the tag but not the test.
+    built = image.attrs.get("Created", "")[:19]
+    written = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(path.stat().st_mtime))
+    if not report.get("image_id") and built > written:
+        return f"the image was built ({built}Z) after its smoke report ({written}Z); {run} again"
+    return None
+
+
+# -- the registry's HTTP API ---------------------------------------------------------------------
+
+def _scheme(host: str) -> str:
+    # The daemon itself speaks plain HTTP to loopback registries (127.0.0.0/8 is insecure by
+    # default); anything else is HTTPS.
+    name = host[1:].partition("]")[0] if host.startswith("[") else host.partition(":")[0]
+    try:
+        return "http" if name == "localhost" or ipaddress.ip_address(name).is_loopback else "https"
+    except ValueError:
+        return "https"
+
+
+def _reason(error: Exception) -> str:
+    reason = getattr(error, "reason", error)
+    text = getattr(reason, "strerror", None) or str(reason)
+    return text.lower().removeprefix("[errno 111] ")
+
+
+def check_registry(host: str, timeout: float = 10) -> None:
+    """The registry answers its API root (200, or 401 for one that wants a login), or one line."""
+    url = f"{_scheme(host)}://{host}/v2/"
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url), timeout=timeout):
+            return
+    except urllib.error.HTTPError as e:
+        if e.code == 401:
+            return
+        raise RegistryUnavailable(f"cannot push to {host}: {url} answered {e.code} {e.reason} — is it a "
+                                  "Docker registry (distribution API v2)?") from None
+    except (urllib.error.URLError, OSError) as e:
+        raise RegistryUnavailable(f"cannot push to {host}: {_reason(e)} — is the registry running?") from None
+
+
+def remote_digest(host: str, name: str, tag: str, timeout: float = 10) -> str | None:
+    """The digest the registry holds for name:tag, or None when it holds none or will not say
+    (a registry that wants a login: then the push itself decides)."""
+    req = urllib.request.Request(f"{_scheme(host)}://{host}/v2/{name}/manifests/{tag}", method="HEAD",
+                                 headers={"Accept": MANIFEST_TYPES})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.headers.get("Docker-Content-Digest")
+    except urllib.error.HTTPError:
+        return None
+    except (urllib.error.URLError, OSError) as e:
+        raise RegistryUnavailable(f"cannot push to {host}: {_reason(e)} — is the registry running?") from None
+
+
+# -- pushing -------------------------------------------------------------------------------------
+
+def _push_stream(client, repo: str, tag: str) -> str:
+    """docker push; errors come inside the stream, not as exceptions. Returns the pushed digest."""
+    digest = None
+    for chunk in client.api.push(repo, tag=tag, stream=True, decode=True):
+        if "error" in chunk:
+            message = ANSI.sub("", chunk["error"]).strip().splitlines()[0]
+            raise PushError(f"pushing {repo}:{tag} failed: {message}")
+        digest = (chunk.get("aux") or {}).get("Digest") or digest
+    if digest is None:
+        raise PushError(f"pushing {repo}:{tag}: the engine reported no digest")
+    return digest
+
+
+def _repo_digest(client, image_id: str, repo: str) -> str | None:
+    for ref in client.images.get(image_id).attrs.get("RepoDigests") or []:
+        if ref.rsplit("@", 1)[0] == repo:
+            return ref.rsplit("@", 1)[1]
+    return None
+
+
+def push(client, matrix: Matrix, targets: list[str], registry: str, *, moving_tag: bool = False,
+         skip_smoke: bool = False, allow_dirty: bool = False, sources: dict[str, str] | None = None,
+         reports_dir: Path = Path("reports"), log=print) -> list[dict]:
+    """Tag and push each target's image; returns (and records in reports_dir/pushed.json) one
+    entry per target: target, repository, tags, digest, image id, and which tags were pushed or
+    already there. sources maps a target to the local image to push (default: its tag)."""
+    repo = repository(matrix, registry)
+    plan = []
+    # Every gate is checked before anything is pushed, so a refusal never leaves half a release.
+    for target in targets:
+        name = matrix.resolve(target)
+        source = (sources or {}).get(target) or (sources or {}).get(name) or matrix.tag(name)
+        image = local_image(client, source)
+        if image is None:
+            raise PushError(f"no local image {source}; build it first (`python build.py build {name}`)")
+        refusal = smoke_refusal(client, name, image, reports_dir)
+        if refusal and not skip_smoke:
+            raise PushError(f"refusing to push {source}: {refusal} (or pass --skip-smoke)")
+        if refusal:
+            log(f"WARNING: pushing {source} WITHOUT a passing smoke test (--skip-smoke): {refusal}")
+        plan.append((name, source, image, tags_for(matrix, name, short_revision(image, allow_dirty), moving_tag)))
+    check_registry(repo.split("/", 1)[0])
+    results = []
+    try:
+        for name, source, image, tags in plan:
+            results.append(_push_target(client, name, source, image, repo, tags, log))
+    finally:
+        # Whatever did reach the registry is recorded, even when a later target fails.
+        if results:
+            record(results, Path(reports_dir) / PUSHED_FILE)
+    return results
+
+
+def _push_target(client, name, source, image, repo, tags, log) -> dict:
+    host, path = repo.split("/", 1)
+    entry = {"target": name, "image": source, "image_id": image.id, "repository": repo,
+             "tags": tags, "digest": None, "pushed": [], "already_present": []}
+    for tag in tags:
+        image.tag(repo, tag)
+        ours, theirs = _repo_digest(client, image.id, repo), remote_digest(host, path, tag)
+        if ours and ours == theirs:
+            log(f"{repo}:{tag} is already in the registry at {theirs}; not pushed")
+            entry["already_present"].append(tag)
+            entry["digest"] = theirs
+            continue
+        start = time.monotonic()
+        entry["digest"] = _push_stream(client, repo, tag)
+        entry["pushed"].append(tag)
+        log(f"pushed {repo}:{tag} {entry['digest']} ({time.monotonic() - start:.1f}s)")
+    return entry
+
+
+def record(entries: list[dict], path: Path) -> None:
+    """Merge into pushed.json: one entry per (target, repository), the latest push winning."""
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError):
+        old = []
+    fresh = {(e["target"], e["repository"]) for e in entries}
+    kept = [e for e in old if (e.get("target"), e.get("repository")) not in fresh]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(kept + entries, indent=2) + "\n")
+
+
+def pushed_ref(target: str, reports_dir: Path = Path("reports"), repo: str | None = None) -> str | None:
+    """repository@digest of the target's last recorded push (to repo when given), or None."""
+    try:
+        entries = json.loads((Path(reports_dir) / PUSHED_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    for e in reversed(entries):
+        if e.get("target") == target and e.get("digest") and repo in (None, e.get("repository")):
+            return f"{e['repository']}@{e['digest']}"
+    return None

@@ -1,0 +1,138 @@
+"""Fix gemma4-required-tool-grammar, on the real vLLM 0.30.0 of the CPU image.
+
+The probe builds the unified parser of ``--tool-call-parser gemma4`` (with and without
+``--reasoning-parser gemma4``), calls ``adjust_request`` as the online renderer does, then
+puts the request's structured output through vLLM's own xgrammar validation and backend
+(``XgrammarBackend.compile_grammar``, Gemma's stop tokens) and feeds the compiled
+grammar the token ids of candidate outputs. "accepts" = every token is accepted and the
+request may end there. Three xgrammar setups: the image's 0.2.9 (it has the ``gemma_4``
+builtin and its "gemma" JSON style: arguments follow the tool's schema), the same with the
+builtin hidden (the fix then uses its own Gemma-syntax grammar), and real xgrammar 0.2.1
+(vLLM 0.30.0's floor, without the builtin).
+How the observations are made: tests/fixes_helpers.py.
+"""
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import fixes_helpers as fx  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+ANY_TOOL = {"say_call", "say_call_quotes", "run_call", "two_calls"}
+SAY_ONLY = {"say_call", "say_call_quotes"}
+THOUGHT = {"thought_then_call"}   # a thought block, then a call of "say"
+FORCED = {"required": ANY_TOOL, "named_say": SAY_ONLY}
+
+
+def forced(choice, reasoning=""):
+    """What the grammar must accept. "+reasoning": the request enables thinking, so (the
+    grammar applying from the first token) a thought block may come before the calls."""
+    return FORCED[choice] | (THOUGHT if reasoning else set())
+
+
+@pytest.fixture(scope="module")
+def result(fix_observations):
+    result = fix_observations
+    return result
+
+
+def grammar(phase):
+    data = fx.phase(phase)["grammar"]
+    assert "probe_error" not in data, data["probe_error"]
+    return data
+
+
+@pytest.mark.parametrize("choice", ["required", "named_say", "required+reasoning", "named_say+reasoning"])
+def test_unpatched_forced_tool_choice_sets_no_grammar(result, choice):
+    entry = grammar("unpatched")[choice]
+    assert entry["structured_outputs"] is None
+    assert entry["grammar_from_parser"] is False
+    # So nothing stops the model from answering in prose, which the parser returns as no call.
+    assert entry["parsed"]["prose"] == []
+
+
+def check_forced(entry, accepted, fallback, chat=True):
+    assert "probe_error" not in entry, entry["probe_error"]
+    assert entry["structural_tag"] is not None, entry
+    assert entry["valid"] is True                       # vLLM's validate_xgrammar_grammar
+    assert entry["fallback_grammar"] is fallback
+    assert {name for name, ok in entry["accepts"].items() if ok} == accepted
+    if not chat:                                        # Responses: vLLM's reasoning gate stays
+        assert entry["grammar_from_parser"] is None
+        return
+    for name in accepted:            # what the grammar allows, the parser reads, streaming too
+        names = [n for n in ("say", "run") if n in fx.GRAMMAR_CANDIDATES[name]]
+        assert entry["parsed"][name] == names and entry["streamed"][name] == names, name
+    assert entry["skip_special_tokens"] is False
+    assert entry["grammar_from_parser"] is True         # so the serving layer sets reasoning_ended
+
+
+@pytest.mark.parametrize("choice", ["required", "named_say"])
+@pytest.mark.parametrize("reasoning", ["", "+reasoning"])
+def test_patched_schema_arguments_on_xgrammar_0_2_9(result, choice, reasoning):
+    data = grammar("patched")
+    assert data["builtin_gemma_4"] is True              # the image's xgrammar 0.2.9
+    check_forced(data[choice + reasoning], forced(choice, reasoning), fallback=False)
+
+
+@pytest.mark.parametrize("choice", ["required", "named_say"])
+def test_patched_fallback_grammar_without_the_builtin(result, choice):
+    check_forced(grammar("patched")[choice + "+no_builtin"], forced(choice), fallback=True)
+
+
+@pytest.mark.parametrize("phase, fallback", [("patched", False), ("patched_xgrammar_0_2_1", True)])
+@pytest.mark.parametrize("choice", ["required", "named_say"])
+def test_patched_responses_api_request(result, phase, fallback, choice):
+    if result.get(phase) is None:
+        pytest.skip("xgrammar 0.2.1 could not be downloaded from PyPI")
+    unpatched = grammar("unpatched")[choice + "+responses"]
+    assert "probe_error" not in unpatched and unpatched["structured_outputs"] is None
+    check_forced(grammar(phase)[choice + "+responses"], forced(choice), fallback, chat=False)
+
+
+@pytest.mark.parametrize("choice", ["required", "named_say"])
+@pytest.mark.parametrize("reasoning", ["", "+reasoning"])
+def test_patched_on_real_xgrammar_0_2_1(result, choice, reasoning):
+    if result.get("patched_xgrammar_0_2_1") is None:
+        pytest.skip("xgrammar 0.2.1 could not be downloaded from PyPI")
+    data = grammar("patched_xgrammar_0_2_1")
+    assert data["builtin_gemma_4"] is False
+    check_forced(data[choice + reasoning], forced(choice, reasoning), fallback=True)
+
+
+def test_patched_prose_and_json_are_rejected(result):
+    for key in ("required", "named_say", "required+no_builtin", "named_say+no_builtin"):
+        accepts = grammar("patched")[key]["accepts"]
+        for name in ("prose", "prose_then_call", "json_call", "unknown_tool", "call_end_inside_string",
+                     "say_call_subword"):
+            assert accepts[name] is False, (key, name)
+
+
+@pytest.mark.parametrize("phase", ["unpatched", "patched"])
+def test_auto_stays_unconstrained(result, phase):
+    for key in ("auto", "auto+reasoning"):
+        assert grammar(phase)[key]["structured_outputs"] is None
+
+
+def test_strict_tool_calling_off_keeps_the_old_behaviour(result):
+    assert grammar("patched")["required+strict_off"]["structured_outputs"] is None
+
+
+def test_markers_are_bound_to_their_special_tokens(result):
+    """The same call text with its markers spelled in ordinary tokens is read by the
+    non-streaming parser but not by the streaming one (it matches markers by token id),
+    so the grammar must not allow it (xgrammar's gemma_4 builtin alone would)."""
+    entry = grammar("patched")["required"]
+    assert entry["parsed"]["say_call_subword"] == ["say"]
+    assert entry["streamed"]["say_call_subword"] == []
+    for phase in ("patched", "patched_xgrammar_0_2_1"):
+        if result.get(phase) is not None:
+            for key in ("required", "named_say", "required+reasoning"):
+                assert grammar(phase)[key]["accepts"]["say_call_subword"] is False, (phase, key)
+
+
+def test_parallel_tool_calls_false_allows_one_call(result):
+    check_forced(grammar("patched")["required+single"], ANY_TOOL - {"two_calls"}, fallback=False)

@@ -1,0 +1,94 @@
+"""The real Dockerfile.gaudi (stage 2) on a stand-in base: vLLM 0.30.0's real files plus a
+vllm-gaudi synthesised from the fixes pack (gaudi_standin.py). It proves the pipeline: the
+profile's version guard, the pack applied in order, fixes.json, labels, the baked tokenizer and
+the recipe's exact launch — not the fixes' behaviour on HPU."""
+import json
+import shlex
+import tempfile
+from pathlib import Path
+
+import pytest
+from docker.errors import ImageNotFound
+
+from gemma4_images import images, tiny_model
+from gemma4_images.docker_build import BuildFailed, BuildSpec, build
+
+import gaudi_standin
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def gaudi_base(client, standin_real):
+    def make(version):
+        tag = f"gemma4-e2b-standin/vllm-gaudi-synth:{version.replace('+', '-')}"
+        with tempfile.TemporaryDirectory() as ctx:
+            gaudi_standin.write_context(Path(ctx), version)
+            build(client, BuildSpec(dockerfile="Dockerfile", tag=tag, context=Path(ctx),
+                                    buildargs={"BASE": standin_real}), print)
+        return tag
+    return make
+
+
+@pytest.fixture(scope="module")
+def gaudi_image(client, m, gaudi_base):
+    return images.build_target(client, m, "gaudi2", base_override=gaudi_base("0.30.0+g058f107"),
+                               tokenizer_source=str(tiny_model.ensure()), tag="gemma4-e2b-test/gaudi2:standin",
+                               log=print)
+
+
+def run(client, image, args, **kw):
+    return client.containers.run(image, args, remove=True, network_mode="host", **kw).decode()
+
+
+def test_launch_is_the_gaudi_recipe_with_the_baked_tokenizer(client, m, gaudi_image):
+    assert shlex.split(run(client, gaudi_image, ["--print-command"])) == m.recipe_launch("gaudi2")
+    out = run(client, gaudi_image, ["-c", "ls /opt/gemma4-e2b/tokenizer"], entrypoint=["sh"])
+    assert "tokenizer.json" in out.split()
+
+
+def test_fixes_are_applied_recorded_and_labelled(client, m, gaudi_image):
+    manifest = json.loads(run(client, gaudi_image, ["/etc/gemma4-e2b/fixes.json"], entrypoint=["cat"]))
+    assert [f["name"] for f in manifest["fixes"]] == m.fixes("gaudi2")
+    assert all(f["state"] == "applied" for f in manifest["fixes"])
+    assert not manifest.get("forced")
+    assert client.images.get(gaudi_image).labels["io.gemma4-images.fixes"] == ",".join(m.fixes("gaudi2"))
+
+
+def test_recipe_environment_is_baked(client, gaudi_image):
+    env = dict(e.split("=", 1) for e in client.images.get(gaudi_image).attrs["Config"]["Env"])
+    assert (env["PT_HPU_LAZY_MODE"], env["VLLM_ENGINE_ITERATION_TIMEOUT_S"], env["VLLM_RPC_TIMEOUT"]) == \
+        ("1", "3600", "3600000")
+    assert "VLLM_SKIP_WARMUP" not in env
+
+
+def test_runtime_choices_reach_the_launch(client, gaudi_image):
+    out = run(client, gaudi_image, ["--print-command", "--max-num-seqs", "8"],
+              environment={"GEMMA4_FEATURES": "+reasoning"})
+    assert out.strip().endswith("--reasoning-parser gemma4 --tokenizer /opt/gemma4-e2b/tokenizer --max-num-seqs 8")
+
+
+def test_skip_warmup_stops_the_container(client, gaudi_image):
+    container = client.containers.run(gaudi_image, [], environment={"VLLM_SKIP_WARMUP": "false"},
+                                      detach=True, network_mode="host")
+    try:
+        assert container.wait(timeout=60)["StatusCode"] == 2
+        assert b"any non-empty value" in container.logs()
+    finally:
+        container.remove(force=True)
+
+
+def test_wrong_vllm_gaudi_fails_the_build_untagged(client, m, gaudi_base, no_new_containers):
+    tag = "gemma4-e2b-test/gaudi2:wrong-commit"
+    try:
+        client.images.remove(tag, force=True)
+    except ImageNotFound:
+        pass
+    with pytest.raises(BuildFailed) as e:
+        images.build_target(client, m, "gaudi2", base_override=gaudi_base("0.30.0+g1234567"),
+                            tokenizer_source=str(tiny_model.ensure()), tag=tag, log=print)
+    log = "\n".join(e.value.tail) + e.value.error
+    assert "expected 058f107" in log and "1234567" in log
+    assert "set fixes: null" in log
+    with pytest.raises(ImageNotFound):
+        client.images.get(tag)

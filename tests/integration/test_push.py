@@ -1,0 +1,194 @@
+"""Push to a real registry on this machine: Debian's docker-registry (the distribution registry
+2.8), started here with its own config on a free loopback port and stopped after. The daemon
+treats 127.0.0.0/8 as an insecure registry by default, so no daemon setting is needed."""
+import json
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from docker.errors import ImageNotFound
+
+from gemma4_images import publish
+from gemma4_images.docker_build import BuildSpec, build
+from gemma4_images.smoke import Check, Report, free_port
+
+pytestmark = pytest.mark.integration
+TEST_IMAGE = "gemma4-e2b-test/push:roundtrip"
+REVISION = "0123456789abcdef0123456789abcdef01234567"
+TARGET = "xeon6"
+DOCKERFILE = f"""\
+ARG BASE
+FROM ${{BASE}}
+RUN echo "pushed and pulled back" > /gemma4-push-probe
+LABEL io.gemma4-images.test="push round trip" org.opencontainers.image.revision="{REVISION}"
+"""
+
+
+def start_registry(root: Path, readonly: bool = False):
+    """docker-registry serving on 127.0.0.1:<free port> from root; returns (process, host)."""
+    exe = shutil.which("docker-registry")
+    if exe is None:
+        pytest.fail("docker-registry is not installed: `apt-get install docker-registry` (scripts/setup-host.sh)")
+    port = free_port()
+    maintenance = "\n  maintenance:\n    readonly:\n      enabled: true" if readonly else ""
+    config = root / "config.yml"
+    config.write_text(f"version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n"
+                      f"    rootdirectory: {root / 'data'}{maintenance}\nhttp:\n  addr: 127.0.0.1:{port}\n")
+    log = open(root / "registry.log", "w")
+    proc = subprocess.Popen([exe, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
+    host = f"127.0.0.1:{port}"
+    for _ in range(100):
+        try:
+            urllib.request.urlopen(f"http://{host}/v2/", timeout=1)
+            return proc, host
+        except OSError:
+            if proc.poll() is not None:
+                pytest.fail(f"docker-registry exited: {(root / 'registry.log').read_text()[-2000:]}")
+            time.sleep(0.1)
+    proc.terminate()
+    pytest.fail(f"docker-registry did not answer on {host} within 10 s")
+
+
+def stop_registry(proc):
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def registry():
+    with tempfile.TemporaryDirectory() as root:
+        proc, host = start_registry(Path(root))
+        yield f"{host}/gemma4-e2b-test"
+        stop_registry(proc)
+
+
+@pytest.fixture(scope="module")
+def image(client, rootfs, registry):
+    """A small image on the local Debian base: a label and a file of its own."""
+    with tempfile.TemporaryDirectory() as ctx:
+        (Path(ctx) / "Dockerfile").write_text(DOCKERFILE)
+        build(client, BuildSpec(dockerfile="Dockerfile", tag=TEST_IMAGE, context=Path(ctx),
+                                buildargs={"BASE": rootfs}), print)
+    yield TEST_IMAGE
+    # The registry's tags are removed with it; the test image stays for the layer cache.
+    prefix = registry.split("/")[0] + "/"
+    for img in client.images.list():
+        for tag in img.tags:
+            if tag.startswith(prefix):
+                client.images.remove(tag)
+
+
+def smoke_report(reports: Path, image: str, status: str = "pass") -> Path:
+    path = reports / f"smoke-{TARGET}.json"
+    Report(target=TARGET, image=image, model="tiny", checks=[Check("ready", status)]).write(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def first_push(client, m, registry, image):
+    reports = Path(tempfile.mkdtemp())
+    smoke_report(reports, image)
+    logs = []
+    start = time.monotonic()
+    entries = publish.push(client, m, [TARGET], registry, moving_tag=True, sources={TARGET: image},
+                           reports_dir=reports, log=logs.append)
+    print(f"first push: {time.monotonic() - start:.1f}s; " + "; ".join(logs))
+    return entries, reports, logs
+
+
+def test_push_tags_records_and_the_registry_holds_the_digest(client, m, registry, image, first_push):
+    entries, reports, _ = first_push
+    repo = f"{registry}/gemma4-e2b"
+    (entry,) = entries
+    assert entry["tags"] == ["xeon6-v0.30.0", "xeon6-v0.30.0-0123456", "xeon6"]
+    assert entry["digest"].startswith("sha256:") and entry["image_id"] == client.images.get(image).id
+    assert set(entry["pushed"]) | set(entry["already_present"]) == set(entry["tags"])
+    assert json.loads((reports / "pushed.json").read_text()) == entries
+    host, name = repo.split("/", 1)
+    for tag in entry["tags"]:
+        assert publish.remote_digest(host, name, tag) == entry["digest"]
+    assert publish.pushed_ref(TARGET, reports) == f"{repo}@{entry['digest']}"
+
+
+def test_second_push_of_the_same_image_is_skipped(client, m, registry, image, first_push):
+    entries, reports, _ = first_push
+    logs = []
+    start = time.monotonic()
+    again = publish.push(client, m, [TARGET], registry, moving_tag=True, sources={TARGET: image},
+                         reports_dir=reports, log=logs.append)
+    print(f"second push: {time.monotonic() - start:.1f}s")
+    assert again[0]["pushed"] == [] and again[0]["already_present"] == entries[0]["tags"]
+    assert again[0]["digest"] == entries[0]["digest"]
+    assert all("already in the registry" in line for line in logs)
+
+
+def test_round_trip_remove_pull_by_digest_labels_intact(client, m, registry, image, first_push):
+    entry = first_push[0][0]
+    original = client.images.get(image)
+    client.images.remove(original.id, force=True)
+    with pytest.raises(ImageNotFound):
+        client.images.get(original.id)
+    ref = f"{entry['repository']}@{entry['digest']}"
+    start = time.monotonic()
+    pulled = client.images.pull(ref)
+    print(f"pull by digest: {time.monotonic() - start:.1f}s")
+    assert pulled.id == original.id
+    assert pulled.labels["io.gemma4-images.test"] == "push round trip"
+    assert pulled.labels["org.opencontainers.image.revision"] == REVISION
+    out = client.containers.run(ref, ["cat", "/gemma4-push-probe"], remove=True, network_mode="host")
+    assert out == b"pushed and pulled back\n"
+    pulled.tag(TEST_IMAGE)  # back for the layer cache
+
+
+@pytest.mark.parametrize("case", ["missing", "failed", "other image"])
+def test_push_without_a_passing_smoke_report_is_refused(client, m, registry, image, tmp_path, case):
+    if case == "failed":
+        smoke_report(tmp_path, image, status="fail")
+    elif case == "other image":
+        smoke_report(tmp_path, m.tag(TARGET) + "-tiny")
+    with pytest.raises(publish.PushError) as refused:
+        publish.push(client, m, [TARGET], registry, sources={TARGET: image}, reports_dir=tmp_path, log=print)
+    message = str(refused.value)
+    assert message.startswith(f"refusing to push {image}:") and "\n" not in message
+    assert "--skip-smoke" in message
+    assert not (tmp_path / "pushed.json").exists()
+
+
+def test_skip_smoke_pushes_with_a_loud_warning(client, m, registry, image, tmp_path):
+    logs = []
+    entries = publish.push(client, m, [TARGET], registry, skip_smoke=True, sources={TARGET: image},
+                           reports_dir=tmp_path, log=logs.append)
+    assert entries[0]["digest"].startswith("sha256:")
+    assert logs[0].startswith("WARNING: pushing") and "WITHOUT a passing smoke test" in logs[0]
+
+
+def test_registry_down_is_one_clear_line(client, m, image, tmp_path):
+    smoke_report(tmp_path, image)
+    host = f"127.0.0.1:{free_port()}"
+    with pytest.raises(publish.RegistryUnavailable) as down:
+        publish.push(client, m, [TARGET], host, sources={TARGET: image}, reports_dir=tmp_path, log=print)
+    assert str(down.value) == f"cannot push to {host}: connection refused — is the registry running?"
+
+
+def test_registry_that_refuses_the_upload_is_one_line(client, m, image, tmp_path):
+    """A read-only registry answers the API but refuses uploads: the error comes inside the
+    engine's push stream, not as an exception, and must still stop the push."""
+    smoke_report(tmp_path / "reports", image)
+    proc, host = start_registry(tmp_path, readonly=True)
+    try:
+        with pytest.raises(publish.PushError) as refused:
+            publish.push(client, m, [TARGET], host, sources={TARGET: image}, reports_dir=tmp_path / "reports",
+                         log=print)
+    finally:
+        stop_registry(proc)
+        for tag in client.images.get(image).tags:
+            if tag.startswith(host):
+                client.images.remove(tag)
+    message = str(refused.value)
+    assert message.startswith(f"pushing {host}/gemma4-e2b:xeon6-v0.30.0 failed: ") and "\n" not in message
+    assert "405" in message
+    assert not (tmp_path / "reports" / "pushed.json").exists()

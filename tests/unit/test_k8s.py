@@ -1,0 +1,226 @@
+"""Kubernetes manifests per target, validated against the Kubernetes API's own schemas (shipped
+offline by the kubernetes-validate package, strict: unknown fields fail), and their readiness
+probe run for real against a local HTTP server."""
+import http.server
+import json
+import subprocess
+import sys
+import threading
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from gemma4_images import k8s, matrix, publish
+
+M = matrix.load()
+TARGETS = list(M.targets)
+# The oldest Kubernetes still commonly run, and the newest the package knows.
+VERSIONS = ["1.30.0", kubernetes_validate.latest_version()]
+
+
+def docs(target, **kw):
+    return list(yaml.safe_load_all(k8s.render_k8s(M, target, **kw)))
+
+
+def pod(target, **kw):
+    return docs(target, **kw)[0]["spec"]["template"]["spec"]
+
+
+def container(target, **kw):
+    return pod(target, **kw)["containers"][0]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("target", TARGETS)
+def test_manifests_validate_against_the_kubernetes_schema(target, version):
+    rendered = docs(target, replicas=3, image="127.0.0.1:5000/gemma4-e2b:x", digest="sha256:" + "a" * 64)
+    assert [d["kind"] for d in rendered] == ["Deployment", "Service"]
+    for doc in rendered:
+        kubernetes_validate.validate(doc, version, strict=True)
+
+
+def test_the_validator_rejects_what_a_cluster_would():
+    deployment = docs("xeon6")[0]
+    deployment["spec"]["template"]["spec"]["containers"][0]["startupProbe"]["failureThreshhold"] = 3
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, VERSIONS[-1], strict=True)
+    deployment = docs("xeon6")[0]
+    deployment["spec"]["replicas"] = "two"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, VERSIONS[-1], strict=True)
+
+
+@pytest.mark.parametrize("target, resource, count", [
+    ("gaudi2", "habana.ai/gaudi", 1), ("h100", "nvidia.com/gpu", 1), ("b300", "nvidia.com/gpu", 1),
+    ("mi300x", "amd.com/gpu", 1), ("mi355x", "amd.com/gpu", 1),
+    ("trillium", "google.com/tpu", 1), ("ironwood", "google.com/tpu", 4), ("xeon6", None, 0),
+])
+def test_device_resource(target, resource, count):
+    limits = container(target).get("resources", {}).get("limits", {})
+    assert limits == ({resource: count} if resource else {})
+
+
+def test_every_target_has_a_device_rule():
+    for target in TARGETS:
+        accelerator = M.families[M.targets[target].family].accelerator
+        assert accelerator in k8s.DEVICE_RESOURCE and accelerator in k8s.SECURITY
+
+
+@pytest.mark.parametrize("target, size", [
+    ("mi300x", "16Gi"), ("trillium", "16Gi"),          # the recipes' --shm-size 16G
+    ("gaudi2", "16Gi"), ("h100", "16Gi"),              # --ipc=host: sized like the recipes that size it
+    ("xeon6", "1Gi"),                                  # the CPU smoke tier's measured 1g
+])
+def test_dev_shm_is_memory_sized_as_the_recipe_needs(target, size):
+    spec = pod(target)
+    shm = next(v for v in spec["volumes"] if v["name"] == "dshm")
+    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": size}
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in spec["containers"][0]["volumeMounts"]
+    assert not spec.get("hostIPC"), "--ipc=host is not given to pods"
+
+
+def test_docker_sizes_become_binary_quantities():
+    assert [k8s.quantity(s) for s in ("16G", "1g", "512m", "64k", "100")] == ["16Gi", "1Gi", "512Mi", "64Ki", "100"]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_probes(target):
+    c = container(target)
+    startup = c["startupProbe"]
+    assert startup["httpGet"] == {"path": "/health", "port": "http"}
+    # Liveness waits for the whole warm-up budget of targets.yaml, and not much longer.
+    budget = M.targets[target].startup_budget_s
+    assert budget <= startup["periodSeconds"] * startup["failureThreshold"] < budget + startup["periodSeconds"]
+    assert c["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    command = c["readinessProbe"]["exec"]["command"]
+    assert command[:2] == ["python3", "-c"] and command[3:] == [M.project.model, str(M.project.port)]
+
+
+class FakeServer(http.server.BaseHTTPRequestHandler):
+    health = 200
+    models = ["google/gemma-4-E2B-it"]
+
+    def do_GET(self):
+        if self.path == "/health":
+            status, body = self.health, b""
+        elif self.path == "/v1/models":
+            status, body = 200, json.dumps({"data": [{"id": m} for m in self.models]}).encode()
+        else:
+            status, body = 404, b""
+        self.send_response(status)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def fake_server():
+    server = http.server.HTTPServer(("127.0.0.1", 0), FakeServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.shutdown()
+
+
+@pytest.mark.parametrize("health, models, ready", [
+    (200, ["google/gemma-4-E2B-it"], True),
+    (200, ["google/gemma-4-E2B-it", "other"], True),
+    (200, [], False),                       # up, model not loaded under that name
+    (503, ["google/gemma-4-E2B-it"], False),  # listed, but the engine is unhealthy
+])
+def test_readiness_probe_checks_health_then_the_model(fake_server, monkeypatch, health, models, ready):
+    monkeypatch.setattr(FakeServer, "health", health)
+    monkeypatch.setattr(FakeServer, "models", models)
+    command = container("h100")["readinessProbe"]["exec"]["command"]
+    # The port file is the container's; here the default port argument points at the fake server.
+    script = command[2].replace(k8s.gemma4_serve.PORT_FILE, "/nonexistent/port")
+    run = subprocess.run([sys.executable, "-c", script, command[3], str(fake_server.server_port)],
+                         capture_output=True, text=True, timeout=30)
+    assert (run.returncode == 0) == ready, run.stderr
+
+
+def test_readiness_probe_is_not_ready_when_nothing_listens():
+    command = container("h100")["readinessProbe"]["exec"]["command"]
+    script = command[2].replace(k8s.gemma4_serve.PORT_FILE, "/nonexistent/port")
+    run = subprocess.run([sys.executable, "-c", script, command[3], "1"], capture_output=True, timeout=30)
+    assert run.returncode != 0
+
+
+def test_hf_cache_on_a_named_claim_and_token_from_an_optional_secret():
+    spec = pod("h100", hf_cache_pvc="models-cache", hf_token_secret="hub")
+    cache = next(v for v in spec["volumes"] if v["name"] == "hf-cache")
+    assert cache["persistentVolumeClaim"] == {"claimName": "models-cache"}
+    c = spec["containers"][0]
+    assert {"name": "hf-cache", "mountPath": k8s.HF_HOME} in c["volumeMounts"]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["HF_HOME"]["value"] == k8s.HF_HOME
+    assert env["HF_TOKEN"] == {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
+        "name": "hub", "key": "token", "optional": True}}}
+    no_claim = pod("h100", hf_cache_pvc=None)
+    assert next(v for v in no_claim["volumes"] if v["name"] == "hf-cache") == {"name": "hf-cache", "emptyDir": {}}
+
+
+def test_env_from_targets_yaml_without_the_docker_only_device_setting():
+    env = {e["name"]: e.get("value") for e in container("gaudi2")["env"]}
+    for key, value in M.targets["gaudi2"].env.items():
+        assert env[key] == value
+    assert "HABANA_VISIBLE_DEVICES" not in env
+
+
+def test_image_by_digest_when_known(tmp_path):
+    digest = "sha256:" + "b" * 64
+    assert container("h100")["image"] == M.tag("h100")
+    assert container("h100", image="reg.example/ns/gemma4-e2b:h100-v0.30.0", digest=digest)["image"] \
+        == f"reg.example/ns/gemma4-e2b:h100-v0.30.0@{digest}"
+    publish.record([{"target": "h100", "repository": "127.0.0.1:5000/ns/gemma4-e2b", "digest": digest,
+                     "tags": [], "image": "x", "image_id": "y"}], tmp_path / publish.PUSHED_FILE)
+    ref = publish.pushed_ref("h100", tmp_path)
+    assert ref == f"127.0.0.1:5000/ns/gemma4-e2b@{digest}"
+    assert container("h100", image=ref)["image"] == ref
+    assert publish.pushed_ref("b200", tmp_path) is None
+
+
+def test_cpu_runs_as_non_root_without_privileges():
+    spec = pod("xeon6")
+    assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] == 2000
+    assert spec["containers"][0]["securityContext"] == {"allowPrivilegeEscalation": False,
+                                                        "capabilities": {"drop": ["ALL"]}}
+
+
+@pytest.mark.parametrize("target", ["mi300x", "trillium"])
+def test_rocm_and_tpu_keep_the_privilege_their_recipes_run_with(target):
+    assert container(target)["securityContext"] == {"privileged": True}
+    assert "privileged" in k8s.render_k8s(M, target).split("apiVersion")[0], "the reason is in the manifest"
+
+
+def test_cuda_and_gaudi_are_not_privileged():
+    assert not container("h100")["securityContext"].get("privileged")
+    assert container("gaudi2")["securityContext"] == {"capabilities": {"add": ["SYS_NICE"]}}
+
+
+def test_tpu_node_selector():
+    assert pod("trillium")["nodeSelector"] == {"cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice",
+                                               "cloud.google.com/gke-tpu-topology": "1x1"}
+    assert "nodeSelector" not in pod("h100")
+
+
+def test_service_selects_the_pods_and_replicas_apply():
+    deployment, service = docs("mi300x", replicas=4)
+    assert deployment["spec"]["replicas"] == 4
+    assert service["spec"]["selector"] == deployment["spec"]["template"]["metadata"]["labels"]
+    assert deployment["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
+    assert service["spec"]["ports"] == [{"name": "http", "port": 8000, "targetPort": "http"}]
+    # No spare accelerator is needed to roll out a new version.
+    assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+
+
+def test_no_service_links_into_vllm_env():
+    assert pod("h100")["enableServiceLinks"] is False
+
+
+def test_aliases_and_unknown_targets():
+    assert k8s.render_k8s(M, "cpu") == k8s.render_k8s(M, "xeon6")
+    with pytest.raises(matrix.MatrixError):
+        k8s.render_k8s(M, "h800")

@@ -1,0 +1,154 @@
+"""The push's rules without an engine: names and tags, the dirty-revision refusal, the smoke gate,
+pushed.json. The real push to a real registry is tests/integration/test_push.py."""
+import json
+import os
+import time
+
+import pytest
+from docker.errors import ImageNotFound
+
+from gemma4_images import matrix, publish
+from gemma4_images.smoke import Check, Report
+
+M = matrix.load()
+SHA = "0123456789abcdef0123456789abcdef01234567"
+
+
+class FakeImage:
+    def __init__(self, id_="sha256:" + "1" * 64, revision=SHA, created="2026-01-01T00:00:00.000Z"):
+        self.id, self.labels = id_, {"org.opencontainers.image.revision": revision} if revision else {}
+        self.attrs = {"Created": created}
+
+
+class FakeClient:
+    def __init__(self, images):
+        self._images = images
+
+    @property
+    def images(self):
+        return self
+
+    def get(self, ref):
+        if ref not in self._images:
+            raise ImageNotFound(ref)
+        return self._images[ref]
+
+
+@pytest.mark.parametrize("registry, repo", [
+    ("127.0.0.1:5000/ml", "127.0.0.1:5000/ml/gemma4-e2b"),
+    ("127.0.0.1:5000", "127.0.0.1:5000/gemma4-e2b"),
+    ("ghcr.io/org/team/", "ghcr.io/org/team/gemma4-e2b"),
+    ("localhost/x", "localhost/x/gemma4-e2b"),
+])
+def test_repository(registry, repo):
+    assert publish.repository(M, registry) == repo
+
+
+def test_a_registry_must_name_its_host():
+    with pytest.raises(publish.PushError, match="HOST"):
+        publish.repository(M, "myteam")
+
+
+def test_tags():
+    assert publish.tags_for(M, "h100", "0123456", False) == ["h100-v0.30.0", "h100-v0.30.0-0123456"]
+    assert publish.tags_for(M, "h100", "0123456", True)[-1] == "h100"
+
+
+def test_revision_comes_from_the_image_label():
+    assert publish.short_revision(FakeImage(), False) == "0123456"
+
+
+def test_dirty_revision_is_refused_unless_allowed():
+    image = FakeImage(revision=SHA + "-dirty")
+    with pytest.raises(publish.PushError, match="uncommitted changes.*--allow-dirty"):
+        publish.short_revision(image, False)
+    assert publish.short_revision(image, True) == "0123456-dirty"
+
+
+def test_unknown_revision_is_refused():
+    with pytest.raises(publish.PushError, match="no git revision"):
+        publish.short_revision(FakeImage(revision="unknown"), True)
+
+
+@pytest.mark.parametrize("host, scheme", [("127.0.0.1:5000", "http"), ("127.1.2.3", "http"),
+                                          ("localhost:5000", "http"), ("[::1]:5000", "http"),
+                                          ("ghcr.io", "https"), ("10.0.0.5:5000", "https")])
+def test_loopback_registries_speak_plain_http(host, scheme):
+    assert publish._scheme(host) == scheme
+
+
+# -- the smoke gate ------------------------------------------------------------------------------
+
+def write_report(path, target="xeon6", image="gemma4-e2b:xeon6-v0.30.0", status="pass", **extra):
+    Report(target=target, image=image, model="m", checks=[Check("ready", status)]).write(path)
+    if extra:
+        path.write_text(json.dumps({**json.loads(path.read_text()), **extra}))
+
+
+@pytest.fixture
+def gate(tmp_path):
+    image = FakeImage()
+    client = FakeClient({"gemma4-e2b:xeon6-v0.30.0": image})
+    return lambda: publish.smoke_refusal(client, "xeon6", image, tmp_path), tmp_path / "smoke-xeon6.json"
+
+
+def test_a_passing_report_for_this_image_clears_it(gate):
+    check, path = gate
+    write_report(path)
+    assert check() is None
+
+
+def test_missing_report(gate):
+    check, _ = gate
+    assert "no smoke report for xeon6" in check() and "build.py smoke xeon6" in check()
+
+
+def test_failed_report(gate):
+    check, path = gate
+    write_report(path, status="fail")
+    assert "failed (ready" in check()
+
+
+def test_report_of_another_target_or_image(gate):
+    check, path = gate
+    write_report(path, target="h100")
+    assert "is for target 'h100'" in check()
+    write_report(path, image="gemma4-e2b:xeon6-v0.30.0-tiny")
+    assert "tested gemma4-e2b:xeon6-v0.30.0-tiny" in check()
+    write_report(path, image_id="sha256:" + "2" * 64)
+    assert "not this image" in check()
+
+
+def test_report_older_than_the_image_under_the_same_tag(gate):
+    check, path = gate
+    write_report(path)
+    old = time.mktime(time.strptime("2025-06-01", "%Y-%m-%d"))
+    os.utime(path, (old, old))
+    assert "built (2026-01-01T00:00:00Z) after its smoke report" in check()
+
+
+def test_unreadable_report(gate):
+    check, path = gate
+    path.write_text("{not json")
+    assert "not valid JSON" in check()
+
+
+# -- pushed.json ---------------------------------------------------------------------------------
+
+def test_record_keeps_other_targets_and_replaces_the_same_one(tmp_path):
+    path = tmp_path / "pushed.json"
+    publish.record([{"target": "h100", "repository": "r", "digest": "sha256:1"},
+                    {"target": "b200", "repository": "r", "digest": "sha256:2"}], path)
+    publish.record([{"target": "h100", "repository": "r", "digest": "sha256:3"}], path)
+    recorded = {(e["target"], e["digest"]) for e in json.loads(path.read_text())}
+    assert recorded == {("b200", "sha256:2"), ("h100", "sha256:3")}
+    assert publish.pushed_ref("h100", tmp_path) == "r@sha256:3"
+    assert publish.pushed_ref("h100", tmp_path, repo="other") is None
+
+
+def test_a_recorded_image_id_is_exact_whatever_the_dates(gate):
+    check, path = gate
+    write_report(path, image="gemma4-e2b:gone", image_id="sha256:" + "1" * 64)
+    old = time.mktime(time.strptime("2025-06-01", "%Y-%m-%d"))
+    os.utime(path, (old, old))
+    assert check() is None
