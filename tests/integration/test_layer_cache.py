@@ -2,6 +2,7 @@
 before it (the base, the entrypoint, the upstream files, the tokenizer copy)."""
 import json
 import shutil
+import uuid
 
 import pytest
 
@@ -37,7 +38,8 @@ def test_a_patch_edit_rebuilds_only_from_the_fixes_layer(client, standin_real, t
 
     manifest = next(p for p in (context / "patches").glob("*/fix.json"))
     fix = json.loads(manifest.read_text())
-    fix["verified"] += " (edited)"                               # a one-file edit in the pack
+    # A one-file edit in the pack, new on every run: the layer cache outlives test runs.
+    fix["verified"] += f" (edited {uuid.uuid4()})"
     manifest.write_text(json.dumps(fix, indent=2))
     steps, cached = build_steps(client, m, base, context)
     first_rebuilt = next(s for s in steps[2:] if s not in cached)
