@@ -40,7 +40,11 @@ def log(line):
 
 @pytest.fixture(scope="session")
 def client():
-    return connect()
+    client = connect()
+    yield client
+    # Rebuilding a fixed tag leaves the previous image dangling: remove ours, nobody else's.
+    for label in ("io.gemma4-images.target", "io.gemma4-images.stand-in"):
+        client.images.prune(filters={"dangling": True, "label": label})
 
 
 @pytest.fixture(scope="session")
