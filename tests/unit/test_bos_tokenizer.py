@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import shutil
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gemma4_images import tiny_gemma4
+from gemma4_images.tokenizer_copy import bos_tool as apply
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,21 +23,9 @@ ALLOWED = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
 FAKE_TOKEN = "hf_FAKEtokenDoNotLeak0123456789abcdef"
 
 
-def _load_apply():
-    spec = importlib.util.spec_from_file_location("gemma4_bos_apply", APPLY)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-apply = _load_apply()
-
-
 @pytest.fixture(scope="session")
-def source(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("bos-src") / "tiny-gemma4"
-    tiny_gemma4.write_tiny_gemma4(out, seed=0)
-    return out
+def source(tiny_dir) -> Path:
+    return tiny_dir
 
 
 @pytest.fixture(scope="session")

@@ -25,13 +25,6 @@ MM_TOKENS = ["<|image>", "<image|>", "<|image|>", "<|audio>", "<audio|>", "<|aud
 
 
 @pytest.fixture(scope="session")
-def tiny_dir(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("tiny-gemma4") / "model"
-    tiny_gemma4.write_tiny_gemma4(out, seed=0)
-    return out
-
-
-@pytest.fixture(scope="session")
 def tok(tiny_dir):
     from transformers import AutoTokenizer
 
