@@ -4,7 +4,7 @@ PY := .venv/bin/python
 PYTEST_ARGS ?= -m "not device"
 
 .DEFAULT_GOAL := help
-.PHONY: help host quickstart image images base render lint smoke check-fixes test list
+.PHONY: help host quickstart image images base render lint smoke check-fixes test list bench
 
 help: ## Show targets and variables
 	@echo "usage: make <target> [HW=<hardware>]"
@@ -50,3 +50,6 @@ smoke: host ## Smoke-test HW's built image (add SMOKE_ARGS="--tiny" for the tiny
 
 test: host ## Run the test suite (unit + integration with a real Docker engine)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: host ## Rebuild costs, image overhead and the serving harness on the CPU image; writes BENCHMARKS.md
+	$(PY) build.py bench $(BENCH_ARGS)

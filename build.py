@@ -291,5 +291,26 @@ def inspect(image):
     click.echo(json.dumps(info, indent=2))
 
 
+@cli.command("bench")
+@click.option("--no-build", "skip_build", is_flag=True, help="Skip the build-system benchmark.")
+@click.option("--no-serving", "skip_serving", is_flag=True, help="Skip the serving harness run.")
+@click.option("--with-base", is_flag=True,
+              help="Also time a no-cache build of the local CPU base (~3.5 min; re-tags the base).")
+def bench_cmd(skip_build, skip_serving, with_base):
+    """Cold/no-change/one-patch/one-entrypoint-line rebuilds, image overhead, and gemma4-bench in
+    the CPU image with the tiny model; regenerates BENCHMARKS.md."""
+    from gemma4_images import bench
+    try:
+        results = bench.main(log, build=not skip_build, serving=not skip_serving, with_base=with_base)
+    except BuildFailed as e:
+        click.echo("\n".join(f"  | {line}" for line in e.tail), err=True)
+        fail(f"{e}\nno image was tagged")
+    except (RuntimeError, *EXPECTED) as e:
+        fail(str(e))
+    build = results.get("build")
+    if build and not all(s["layers_ok"] for s in build["scenarios"][1:]):
+        fail("a rebuild rebuilt the wrong layers (see above and BENCHMARKS.md)")
+
+
 if __name__ == "__main__":
     cli()

@@ -1,0 +1,150 @@
+"""The pure parts of the benchmarks: scoring, tables, build-log parsing, regression naming."""
+import json
+import sys
+
+import pytest
+
+from gemma4_images import bench
+from gemma4_images.matrix import ROOT
+
+sys.path.insert(0, str(ROOT / "image"))
+import gemma4_bench as h  # noqa: E402
+
+LOG = """building gemma4-e2b-bench/xeon6:build (Dockerfile.cpu on base)
+  Step 1/8 : ARG BASE_IMAGE=vllm/vllm-openai-cpu:v0.30.0-x86_64
+  Step 2/8 : FROM ${BASE_IMAGE}
+  Step 3/8 : WORKDIR /opt/gemma4-e2b
+    ---> Using cache
+  Step 4/8 : COPY image/gemma4_serve.py /usr/local/bin/gemma4-serve
+    ---> Using cache
+  Step 5/8 : ARG GEMMA4_TARGET
+    ---> Using cache
+  Step 6/8 : COPY .build/tokenizer/${GEMMA4_TARGET}/ /opt/gemma4-e2b/tokenizer/
+    ---> Using cache
+  Step 7/8 : COPY patches/ /opt/gemma4-e2b/patches/
+  Step 8/8 : RUN gemma4-serve --self-check
+""".splitlines()
+
+
+def test_score_is_the_recipes_formula():
+    # bs x (input + output) / latency: 16 x 1,025 tokens in 0.1508 s is the recipe's 108.7k
+    assert h.score(16, 1024, 1, 0.1) == pytest.approx(164000)
+    assert h.score(64, 128, 8, 2.0) == pytest.approx(64 * 136 / 2)
+    with pytest.raises(ValueError):
+        h.score(1, 1, 1, 0)
+
+
+def test_scaled_cases_keep_outputs_and_fit_the_context():
+    c = h.scaled_case("long-bs16", 0.05)
+    assert (c["input_len"], c["output_len"], c["bs"]) == (205, 1, 1)
+    assert h.scaled_case("long-bs16", 1.0, max_model_len=1024)["input_len"] == 1023
+    assert h.scaled_case("decode-bs64", 1.0)["recipe"] == {"input_len": 128, "output_len": 8, "bs": 64}
+    assert h.case_label(h.scaled_case("prefill-bs16", 1.0)) == "prefill-heavy (1,024 in, 1 out), bs 16"
+
+
+def test_random_prompts_avoid_special_ids_and_stay_below_vocab():
+    ids = h.valid_token_ids(512, set(range(107)) | {255, 256, *range(507, 512)})
+    prompts = h.random_prompts(ids, 8, 100, seed=3)
+    flat = {t for p in prompts for t in p}
+    assert flat <= set(range(107, 507)) - {255, 256}
+    assert prompts == h.random_prompts(ids, 8, 100, seed=3)        # same seed, same prompts
+    with pytest.raises(ValueError):
+        h.valid_token_ids(2, {0, 1})
+
+
+def test_correctness_counts_first_tokens_and_whole_continuations():
+    r = h.compare_continuations([[1, 2, 3], [4, 5, 6], [7, 8, 9]], [[1, 2, 3], [4, 5, 0], [0, 8, 9]])
+    assert (r["n"], r["first_token_identical"], r["continuation_identical"]) == (3, 2, 1)
+    assert r["summary"] == "first token 2/3, 3-token continuations identical 1/3"
+    with pytest.raises(ValueError):
+        h.compare_continuations([[1]], [])
+
+
+def test_offline_table_has_the_recipes_columns_and_the_ratio():
+    cases = [h.scaled_case("prefill-bs16", 1.0), h.scaled_case("decode-bs64", 1.0)]
+    result = {"cases": cases, "modes": {"stock": {"prefill-bs16": {"tok_s": 59200.0}, "decode-bs64": {"tok_s": 21800.0}},
+                                        "fast": {"prefill-bs16": {"tok_s": 108700.0}}}}
+    lines = h.offline_table(result).splitlines()
+    assert [c.strip() for c in lines[0].strip("|").split("|")] == ["Case", "Stock", "Fast prefill", "fast/stock"]
+    assert "59.2k tok/s" in lines[2] and "108.7k" in lines[2] and "1.84x" in lines[2]
+    assert lines[3].rstrip(" |").endswith("-")                     # a missing mode is a dash, not a crash
+
+
+def test_served_table_and_recipe_figures():
+    text = h.served_table({"modes": h.RECIPE_SERVED})
+    assert "1.01 s / 1.00 s" in text and "0.76 s / 0.77 s" in text and "0.76x" in text
+    assert bench.recipe_offline_table(None).count("recipe 000: 1x Gaudi 2") == len(h.CASES)
+
+
+def test_mode_flags_and_sse_and_engine_args():
+    assert h.mode_args("fast") == ["--kv-sharing-fast-prefill"]
+    assert h.mode_args("stock") == ["--no-kv-sharing-fast-prefill"]
+    assert h.parse_sse_line(b"data: [DONE]\n") == "[DONE]"
+    assert h.parse_sse_line(b": keep-alive\n") is None
+    assert h.parse_sse_line(b'data: {"choices": [{"text": "a"}]}\n') == {"choices": [{"text": "a"}]}
+    assert h.parse_engine_args(["--max-num-seqs", "64", "--enforce-eager", "--block-size=16",
+                                "--hf-overrides", '{"a": 1}']) == \
+        {"max_num_seqs": 64, "enforce_eager": True, "block_size": 16, "hf_overrides": {"a": 1}}
+
+
+def test_parse_steps_counts_what_the_cache_did_not_serve():
+    steps = bench.parse_steps(LOG)
+    assert [s.number for s in steps] == [3, 4, 5, 6, 7, 8]       # ARG/FROM before the base left out
+    again = bench.rebuilt(steps)
+    assert [s.instruction.split()[0] for s in again] == ["COPY", "RUN"]
+    assert all(s.layer for s in again) and not bench.Step(5, "ARG X", False).layer
+
+
+def test_regression_is_named_with_its_cause():
+    copy_step = bench.Step(6, "COPY .build/tokenizer/${GEMMA4_TARGET}/ /opt/gemma4-e2b/tokenizer/", False)
+    why = bench.why_rebuilt(copy_step, [".build/tokenizer/xeon6/tokenizer.json"], {}, {"GEMMA4_TARGET": "xeon6"})
+    assert why == "its source changed: .build/tokenizer/xeon6/tokenizer.json"
+    assert "unchanged" in bench.why_rebuilt(copy_step, ["patches/x/fix.json"], {}, {"GEMMA4_TARGET": "xeon6"})
+    arg = bench.Step(9, "ARG GEMMA4_FIXES_OPT_IN", False)
+    assert bench.why_rebuilt(arg, [], {"GEMMA4_FIXES_OPT_IN": "a"}, {"GEMMA4_FIXES_OPT_IN": "a b"}) == \
+        "build arg GEMMA4_FIXES_OPT_IN changed: 'a' -> 'a b'"
+    run = bench.Step(10, "RUN true", False)
+    assert bench.why_rebuilt(run, [], {"A": "1"}, {"A": "2"}) == "build args in scope changed: A"
+
+
+def test_targets_are_judged_on_layers_and_time_separately():
+    ok = bench.judge(bench.Scenario("one patch", 0.4, 20, 15, 5, "COPY patches/ /x", ratio=0.04),
+                     "COPY patches/", forbidden=("COPY .build/tokenizer/",))
+    assert ok.ok and ok.layers_ok and ok.time_ok
+    slow = bench.judge(bench.Scenario("one patch", 2.4, 20, 15, 5, "COPY patches/ /x", ratio=0.26), "COPY patches/")
+    assert slow.layers_ok and not slow.time_ok and not slow.ok
+    wrong = bench.judge(bench.Scenario("one patch", 3, 20, 18, 6, "COPY .build/tokenizer/x /y", ratio=0.3,
+                                       rebuilt_steps=["COPY .build/tokenizer/x /y"]), "COPY patches/")
+    assert not wrong.layers_ok
+    assert bench.judge(bench.Scenario("no change", 0.1, 20, 0, 0, None), None).ok
+    assert not bench.judge(bench.Scenario("no change", 0.1, 20, 1, 1, "RUN x"), None).ok
+    table = bench.scenario_table([slow])
+    assert "NOT met" in table and "26.0%" in table
+
+
+def test_size_verdict():
+    v = bench.size_verdict(1_000_000 + 10_050, 1_000_000, 10_000)
+    assert v["delta"] == 10_050 and v["overhead"] == 50 and v["ok"]
+    assert not bench.size_verdict(1_000_000 + 10_200, 1_000_000, 10_000)["ok"]
+
+
+def test_render_without_docker_figures_still_has_the_recipe():
+    text = bench.render(None, None, {"cpu": "2 cores"})
+    assert "59.2k tok/s" in text and "108.7k" in text and "Gaudi 2" in text
+    json.dumps(h.RECIPE_OFFLINE)
+
+
+def test_history_entries_read_as_steps():
+    assert bench.step_label("/bin/bash -o pipefail -c #(nop) COPY file:abc in /usr/local/bin/gemma4-serve ") == \
+        "COPY file:abc in /usr/local/bin/gemma4-serve"
+    assert bench.step_label("|3 A=1 B=x y /bin/bash -o pipefail -c gemma4-serve --self-check") == \
+        "RUN gemma4-serve --self-check"
+    assert len(bench.step_label("/bin/sh -c " + "x" * 200)) == 80
+
+
+def test_step_seconds_from_line_times():
+    stamps = [float(i) for i in range(len(LOG))]
+    steps = bench.parse_steps(LOG, stamps, end=20.0)
+    by = {s.number: s.seconds for s in steps}
+    assert by[3] == 2.0 and by[7] == 1.0 and by[8] == 8.0
+    assert bench.slowest(steps, 1) == ["RUN gemma4-serve --self-check (8.00 s)"]
