@@ -219,7 +219,9 @@ def smoke(target, image, model, tiny, report):
         fail("--tiny and --model both name the model; give one", 2)
     if tiny:
         model = str(tiny_model.ensure())
-    image = image or (tiny_tag(m, name) if tiny else None)
+    image = image or (tiny_tag(m, name) if tiny else m.tag(name))
+    if local_image(client, image) is None:
+        fail(f"no local image {image}; build it first (`python build.py build {name}{' --tiny' if tiny else ''}`)")
     result = smoke_mod.run_smoke(client, m, name, image=image, model=model, random_weights=tiny, log=log)
     path = Path(report or f"reports/smoke-{name}.json")
     result.write(path)

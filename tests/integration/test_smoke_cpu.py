@@ -31,7 +31,8 @@ def test_cpu_smoke_tier_passes(cpu_image, tmp_path, no_new_containers):
 
 def test_a_server_that_never_starts_fails_with_its_log_and_leaves_nothing(cpu_image, tmp_path,
                                                                            no_new_containers):
-    r = build_py("smoke", "cpu", "--model", str(tmp_path / "no-such-model"), "--report", str(tmp_path / "r.json"))
+    r = build_py("smoke", "cpu", "--image", cpu_image, "--model", str(tmp_path / "no-such-model"),
+                 "--report", str(tmp_path / "r.json"))
     assert r.returncode == 1
     assert "ready" in r.stdout and "FAIL" in r.stdout
     assert "container log (last lines)" in r.stderr and "  | " in r.stderr
@@ -66,3 +67,9 @@ def test_raw_prompt_bos_check_fails_without_the_bos_tokenizer(plain_server):
 def test_forced_tool_call_check_fails_without_the_grammar_fix(plain_server):
     with pytest.raises(smoke.CheckFailed, match="tool_calls"):
         plain_server.tools_forced()
+
+
+def test_a_missing_image_is_one_clear_line(tmp_path):
+    r = build_py("smoke", "cpu", "--image", "gemma4-e2b-test/never-built:none", "--tiny")
+    assert r.returncode == 1
+    assert "no local image gemma4-e2b-test/never-built:none" in r.stderr and "Traceback" not in r.stderr
