@@ -67,22 +67,33 @@ def rootfs(client, log) -> str:
     return ROOTFS_TAG
 
 
-def wheelhouse(requirement: str = CPU_REQUIREMENT, deps: bool = True) -> Path:
-    """Wheels for requirement (and its dependencies unless deps=False), for CPython 3.11,
-    downloaded once per machine."""
-    dest = cache_dir() / f"wheelhouse-{requirement.replace('==', '-')}{'' if deps else '-nodeps'}"
+def wheelhouse(requirement: str = CPU_REQUIREMENT) -> Path:
+    """Wheels for requirement and its dependencies, for CPython 3.11, downloaded once per machine."""
+    dest = cache_dir() / f"wheelhouse-{requirement.replace('==', '-')}"
     done = dest / ".complete"
-    if done.exists():
-        return dest
+    if not done.exists():
+        _pip_download(requirement, dest)
+        done.write_text(requirement + "\n")
+    return dest
+
+
+def wheel(requirement: str) -> Path:
+    """The one wheel of requirement (no dependencies), downloaded once per machine."""
+    name, version = requirement.split("==")
+    dest = cache_dir() / "pip" / f"{name}-{version}"
+    pattern = f"{name.replace('-', '_')}-{version}-*.whl"
+    if not any(dest.glob(pattern)):
+        _pip_download(requirement, dest, "--no-deps")
+    return sorted(dest.glob(pattern))[0]
+
+
+def _pip_download(requirement: str, dest: Path, *args: str) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     run = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:",
-                          "--python-version", "3.11", "-d", str(dest), requirement,
-                          *([] if deps else ["--no-deps"])],
+                          "--python-version", "3.11", "-d", str(dest), requirement, *args],
                          capture_output=True, text=True)
     if run.returncode != 0:
         raise LocalBaseError(f"pip download {requirement} failed:\n" + "\n".join(run.stderr.splitlines()[-10:]))
-    done.write_text(requirement + "\n")
-    return dest
 
 
 @contextmanager

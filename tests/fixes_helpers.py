@@ -67,22 +67,9 @@ def cache_root() -> Path:
     return cache_dir()
 
 
-def pip_download(requirement: str, dest: Path, *platform_args: str) -> Path:
-    """The one wheel of `requirement` in dest, downloaded from PyPI once."""
-    name, version = requirement.split("==")
-    pattern = f"{name.replace('-', '_')}-{version}-*.whl"
-    if not sorted(dest.glob(pattern)):
-        dest.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                        *platform_args, requirement, "-d", str(dest)], check=True,
-                       capture_output=True, text=True)
-    wheels = sorted(dest.glob(pattern))
-    assert wheels, f"no {requirement} wheel in {dest}"
-    return wheels[0]
-
-
 def vllm_wheel() -> Path:
-    return pip_download("vllm==0.30.0", cache_root() / "pip" / "vllm-0.30.0")
+    from gemma4_images import localbase
+    return localbase.wheel("vllm==0.30.0")
 
 
 def record_sha256(whl: zipfile.ZipFile, path: str) -> str:
@@ -106,10 +93,10 @@ def extract_upstream(dest: Path, paths=FILES) -> dict[str, str]:
 
 def xgrammar_021(dest: Path) -> Path | None:
     """xgrammar 0.2.1 unpacked (importable from dest), or None if PyPI cannot be reached."""
+    from gemma4_images import localbase
     try:
-        whl = pip_download("xgrammar==0.2.1", cache_root() / "pip" / "xgrammar-0.2.1",
-                           "--python-version", "3.11", "--platform", "manylinux_2_28_x86_64")
-    except (subprocess.CalledProcessError, AssertionError):
+        whl = localbase.wheel("xgrammar==0.2.1")
+    except localbase.LocalBaseError:
         return None
     with zipfile.ZipFile(whl) as z:
         z.extractall(dest)

