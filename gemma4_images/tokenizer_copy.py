@@ -1,16 +1,13 @@
 """The BOS tokenizer copy an image bakes, made on the build host: a hub download uses HF_TOKEN in
 this process only, so no token ever reaches a build arg, a layer, the history or a label."""
-import importlib.util
 import shutil
 from pathlib import Path
 
 from .matrix import ROOT, Matrix
+from .modules import load_file
 
 STAGE = ROOT / ".build" / "tokenizer"
-_spec = importlib.util.spec_from_file_location("gemma4_bos_tokenizer",
-                                               ROOT / "patches" / "gemma4-bos-tokenizer" / "apply.py")
-bos_tool = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bos_tool)
+bos_tool = load_file("gemma4_bos_tokenizer", ROOT / "patches" / "gemma4-bos-tokenizer" / "apply.py")
 
 
 class TokenizerError(Exception):

@@ -19,7 +19,6 @@ with ``ast`` and bound to ``device="cpu"``.
 """
 import ast
 import functools
-import importlib.util
 import json
 import os
 import sys
@@ -34,10 +33,8 @@ PROFILE = "v0.30.0"
 
 
 def load_applier():
-    spec = importlib.util.spec_from_file_location("_gaudi_fixes_apply_all", os.path.join(PACK, "apply_all.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from gemma4_images.modules import load_file
+    return load_file("_gaudi_fixes_apply_all", os.path.join(PACK, "apply_all.py"))
 
 
 def gaudi_fixes():
@@ -64,6 +61,11 @@ def added_lines(name, path):
     applier = load_applier()
     hunks = applier.parse_diff(fix_diff(name), f"fix {name}")[path]
     return [[text for tag, text in hunk.lines if tag == "+"] for hunk in hunks]
+
+
+def added(name, path):
+    """Every '+' line fix `name` adds to `path`, stripped, across its hunks."""
+    return [line.strip() for lines in added_lines(name, path) for line in lines]
 
 
 def added_source(name, path, func):

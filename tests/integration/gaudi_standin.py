@@ -3,31 +3,17 @@ vllm_gaudi fixes touch, a file made only of the lines those diffs expect to find
 "before" side, separated by filler), so the pack applies to it in order. It proves the Gaudi
 image's pipeline (version guard, apply, manifest, labels), not the patches: their proof is in
 tests/unit/test_gaudi_fix_*.py against a real vllm-gaudi checkout."""
-import importlib.util
-import json
+import sys
 from pathlib import Path
 
-from gemma4_images.matrix import ROOT, load_profile
-
-_spec = importlib.util.spec_from_file_location("apply_all", ROOT / "patches" / "apply_all.py")
-apply_all = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(apply_all)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import gaudi_fixes_helpers as helpers  # noqa: E402
 
 
-def gaudi_fix_hunks(profile: str) -> list[dict]:
-    """{path: [Hunk]} of each vllm_gaudi fix of the profile that exists, in pack order."""
-    prof = load_profile(profile)
-    out = []
-    for name in prof["generic"] + prof["opt_in"]:
-        folder = ROOT / "patches" / name
-        if (folder / "fix.json").exists() and json.loads((folder / "fix.json").read_text())["package"] == "vllm_gaudi":
-            out.append(apply_all.parse_diff((folder / "fix.diff").read_text(), name))
-    return out
-
-
-def synthesise(profile: str = "v0.30.0") -> dict[str, str]:
-    """{site-packages path: text} such that every vllm_gaudi fix of the profile applies in order."""
-    fixes = gaudi_fix_hunks(profile)
+def synthesise() -> dict[str, str]:
+    """{site-packages path: text} such that every vllm_gaudi fix of profile v0.30.0 applies in order."""
+    applier = helpers.load_applier()
+    fixes = [applier.parse_diff(helpers.fix_diff(name), name) for name in helpers.gaudi_fixes()]
     files: dict[str, list[str]] = {}
     for index, fix in enumerate(fixes):
         for path, hunks in fix.items():
@@ -35,7 +21,7 @@ def synthesise(profile: str = "v0.30.0") -> dict[str, str]:
             current = original
             for earlier in fixes[:index]:
                 if path in earlier:
-                    current, _ = apply_all.apply_hunks(current, earlier[path])
+                    current, _ = applier.apply_hunks(current, earlier[path])
             for hunk in hunks:
                 before = hunk.side(False)
                 if not any(current[i:i + len(before)] == before for i in range(len(current) - len(before) + 1)):

@@ -5,7 +5,6 @@ in a subprocess, as the recipes do.
 """
 import difflib
 import hashlib
-import importlib.util
 import json
 import os
 import re
@@ -14,6 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from gemma4_images.modules import load_file
 
 PATCHES = Path(__file__).resolve().parents[2] / "patches"
 APPLY = PATCHES / "apply_all.py"
@@ -33,10 +34,7 @@ BASE = {path: "".join(f"{tag}_{i} = {i}\n" for i in range(1, 31)) for path, tag 
 
 
 def load_module():
-    spec = importlib.util.spec_from_file_location("apply_all", APPLY)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file("apply_all", APPLY)
 
 
 def split(text):

@@ -141,14 +141,18 @@ def test_accepts_an_equivalent_bos_template_as_is(source, tmp_path):
     assert (tmp_path / "out" / "tokenizer.json").read_bytes() == (src / "tokenizer.json").read_bytes()
 
 
+def assert_refused(run, out, *phrases):
+    """A refusal: exit 1, a message with each phrase, nothing written."""
+    assert run.returncode == 1
+    assert all(phrase in run.stderr for phrase in phrases), run.stderr
+    assert not out.exists()
+
+
 def test_refuses_a_tokenizer_without_bos(source, tmp_path):
     src = _copy_tokenizer(source, tmp_path / "src")
     _edit_json(src / "tokenizer_config.json", lambda d: d.update(bos_token=None))
     _edit_json(src / "special_tokens_map.json", lambda d: d.pop("bos_token"))
-    run = _cli(src, tmp_path / "out")
-    assert run.returncode == 1
-    assert "no <bos> token" in run.stderr and "Fix:" in run.stderr
-    assert not (tmp_path / "out").exists()
+    assert_refused(_cli(src, tmp_path / "out"), tmp_path / "out", "no <bos> token", "Fix:")
 
 
 def test_refuses_a_bos_token_missing_from_the_vocabulary(source, tmp_path):
@@ -169,10 +173,7 @@ def test_refuses_a_bos_token_missing_from_the_vocabulary(source, tmp_path):
 def test_refuses_a_foreign_post_processor(source, tmp_path, foreign):
     src = _copy_tokenizer(source, tmp_path / "src")
     _edit_json(src / "tokenizer.json", lambda d: d.update(post_processor=foreign))
-    run = _cli(src, tmp_path / "out")
-    assert run.returncode == 1
-    assert "neither empty nor" in run.stderr and "Fix:" in run.stderr
-    assert not (tmp_path / "out").exists()
+    assert_refused(_cli(src, tmp_path / "out"), tmp_path / "out", "neither empty nor", "Fix:")
 
 
 def test_fails_verification_when_the_chat_template_writes_no_bos(source, tmp_path):
@@ -180,9 +181,7 @@ def test_fails_verification_when_the_chat_template_writes_no_bos(source, tmp_pat
     template = (src / "chat_template.jinja").read_text().replace("{{- bos_token -}}", "")
     (src / "chat_template.jinja").write_text(template)
     _edit_json(src / "tokenizer_config.json", lambda d: d.update(chat_template=template))
-    run = _cli(src, tmp_path / "out")
-    assert run.returncode == 1 and "verification failed" in run.stderr and "chat template" in run.stderr
-    assert not (tmp_path / "out").exists()
+    assert_refused(_cli(src, tmp_path / "out"), tmp_path / "out", "verification failed", "chat template")
 
 
 def _assert_token_absent(folder: Path, *texts: str) -> None:

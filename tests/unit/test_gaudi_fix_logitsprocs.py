@@ -38,8 +38,8 @@ def test_first_row_of_each_index():
 
 
 def test_runner_updates_logitsprocs_once_per_step():
-    added = [line.strip() for lines in h.added_lines("logitsprocs-rows", RUNNER) for line in lines]
-    assert "self.input_batch.update_logitsprocs(output_token_ids_kept=not self.use_async_scheduling)" in added
+    assert "self.input_batch.update_logitsprocs(output_token_ids_kept=not self.use_async_scheduling)" in \
+        h.added("logitsprocs-rows", RUNNER)
 
 
 # ------------------------------------------------------------------ checkout: real InputBatch + processors

@@ -44,8 +44,8 @@ def test_grammar_bitmask_rows():
 
 def test_apply_grammar_bitmask_gets_the_sampling_row_owners():
     """The call site passes the same list to apply_grammar_bitmask and _run_sampling."""
-    added = [line.strip() for lines in h.added_lines("so-row-owners", RUNNER) for line in lines]
-    assert "self.apply_grammar_bitmask(scheduler_output, grammar_output, logits, so_row_owners)" in added
+    assert "self.apply_grammar_bitmask(scheduler_output, grammar_output, logits, so_row_owners)" in \
+        h.added("so-row-owners", RUNNER)
 
 
 # ------------------------------------------------------------------ checkout: the real method on CPU
