@@ -59,7 +59,7 @@ target "gemma4-e2b-gaudi2" {
   args = {
     BASE_IMAGE           = "gemma4-e2b-base/vllm-gaudi:v0.30.0-058f107"
     GEMMA4_FIXES_PROFILE = "v0.30.0"
-    GEMMA4_FIXES_OPT_IN  = "gemma4-required-tool-grammar gemma4-buffered-tool-args"
+    GEMMA4_FIXES_OPT_IN  = "gemma4-required-tool-grammar gemma4-buffered-tool-args gemma4-fast-prefill"
     GEMMA4_TITLE         = "google/gemma-4-E2B-it on vLLM 0.30.0 (Intel Gaudi 2)"
     GEMMA4_SOURCE        = "https://github.com/gemma4-images/gemma4-images"
     GEMMA4_REVISION      = "${REVISION}"
@@ -70,7 +70,7 @@ target "gemma4-e2b-gaudi2" {
     GEMMA4_TARGET        = "gaudi2"
     GEMMA4_MODEL_ID      = "google/gemma-4-E2B-it"
     GEMMA4_VLLM_VERSION  = "0.30.0"
-    GEMMA4_FIXES         = "sampling-rows-refresh,structured-output-rows,so-row-owners,bad-words-index,logitsprocs-rows,gather-logprobs-int32,logprobs-decode-guard,seeded-sampling,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    GEMMA4_FIXES         = "sampling-rows-refresh,structured-output-rows,so-row-owners,bad-words-index,logitsprocs-rows,gather-logprobs-int32,logprobs-decode-guard,seeded-sampling,gemma4-required-tool-grammar,gemma4-buffered-tool-args,gemma4-fast-prefill"
     GEMMA4_BOS_COPY_OF   = "google/gemma-4-E2B-it"
   }
   labels = {
@@ -84,7 +84,7 @@ target "gemma4-e2b-gaudi2" {
     "io.gemma4-images.target"              = "gaudi2"
     "io.gemma4-images.model"               = "google/gemma-4-E2B-it"
     "io.gemma4-images.vllm-version"        = "0.30.0"
-    "io.gemma4-images.fixes"               = "sampling-rows-refresh,structured-output-rows,so-row-owners,bad-words-index,logitsprocs-rows,gather-logprobs-int32,logprobs-decode-guard,seeded-sampling,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    "io.gemma4-images.fixes"               = "sampling-rows-refresh,structured-output-rows,so-row-owners,bad-words-index,logitsprocs-rows,gather-logprobs-int32,logprobs-decode-guard,seeded-sampling,gemma4-required-tool-grammar,gemma4-buffered-tool-args,gemma4-fast-prefill"
     "io.gemma4-images.tokenizer"           = "google/gemma-4-E2B-it"
   }
   contexts = {

@@ -189,17 +189,27 @@ def make_request(mod, req_id, prompt, output=(), **sampling):
 
 
 def defs_from_file(src, path, fixes, names, namespace, cls=None, exact=True):
-    """Compile the top-level functions `names` of `path` (or, with `cls`, the
-    methods of that class, as plain functions taking `self`) from the checkout
-    with `fixes` applied; return {name: function}. Names the file lacks are
-    left out. Only those definitions run: the module's imports do not."""
+    """Compile the top-level definitions `names` of `path` (functions and classes
+    with their decorators, and simple assignments; or, with `cls`, the methods of
+    that class, as plain functions taking `self`) from the checkout with `fixes`
+    applied, in file order; return {name: object}. Names the file lacks are left
+    out. Only those definitions run: the module's imports do not."""
     text = file_text(src, path, fixes, exact)
+    lines = text.splitlines(keepends=True)
     body = ast.parse(text).body
     if cls is not None:
         body = next(n for n in body if isinstance(n, ast.ClassDef) and n.name == cls).body
     ns = dict(namespace)
     for node in body:
-        if isinstance(node, ast.FunctionDef) and node.name in names:
-            source = textwrap.dedent(ast.get_source_segment(text, node, padded=True))
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            defined = [node.name]
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            defined = [t.id for t in targets if isinstance(t, ast.Name)]
+        else:
+            continue
+        if set(defined) & set(names):
+            first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+            source = textwrap.dedent("".join(lines[first - 1:node.end_lineno]))
             exec(compile(source, os.path.join(src, path), "exec"), ns)
     return {name: ns[name] for name in names if name in ns}
