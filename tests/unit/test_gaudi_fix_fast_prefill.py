@@ -16,8 +16,11 @@ metadata processor's decode path and HpuGemma4Model.fast_prefill_forward from th
 patched files, driven by a toy two-stage model whose attention follows the HPU
 backend's two branches (prompt: causal over the batch's own slots; decode: flat
 paged attention over block_list / block_mapping / attn_bias). The sampled rows of
-the fast path must equal every-token-every-layer. habana_frameworks is not needed
-for any of it; the HPU kernels themselves, HPU graphs and warm-up are not run.
+the fast path must equal every-token-every-layer. Then the same with vLLM 0.30.0's
+real Gemma 4 decoder layers (the tiny random config, built on CPU) turned into
+HpuGemma4Model by the patched file, with only the attention kernel emulated.
+habana_frameworks is not needed for any of it; the HPU kernels themselves, HPU
+graphs and warm-up are not run.
 """
 import itertools
 import os
@@ -360,3 +363,144 @@ def test_upstream_fast_prefill_fails_on_hpu_metadata(src):
     # vLLM's Gemma 4 fast_prefill_forward: `assert isinstance(attn_metadata, dict)`
     assert str(where.path).endswith("vllm/model_executor/models/gemma4.py")
     assert "isinstance(attn_metadata, dict)" in str(where.statement)
+
+
+# ------------------------------------------------------------------ checkout: real Gemma 4 layers
+class _HpuLikeAttention:
+    """Stands in for a Gemma 4 layer's vLLM Attention module with the HPU backend's
+    two branches in plain torch (its kernels need a Gaudi): a prompt batch writes
+    K/V at its slots (KV-sharing targets only) and attends causally over the
+    batch's own slots, within the sliding window on sliding layers; a decode-shaped
+    batch does flat paged attention over block_list / block_mapping / attn_bias
+    (window_* on sliding layers). KV-shared layers read their target's cache.
+    """
+
+    @staticmethod
+    def make(attn, cache):
+        import torch
+        from vllm.forward_context import get_forward_context
+
+        target = attn.kv_sharing_target_layer_name or attn.layer_name
+        heads, kv_heads, dim = attn.num_heads, attn.num_kv_heads, attn.head_size
+        group, scale, sliding = heads // kv_heads, attn.impl.scale, attn.sliding_window is not None
+
+        def attend(q, keys, values, bias=None):
+            keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
+            scores = torch.einsum("hd,nhd->hn", q, keys) * scale
+            if bias is not None:
+                scores = scores + bias
+            return torch.einsum("hn,nhd->hd", torch.softmax(scores, -1), values)
+
+        class Attention(torch.nn.Module):
+            def forward(self, q, k, v):
+                meta = get_forward_context().attn_metadata
+                q = q.view(-1, heads, dim)
+                slots_total = (NUM_BLOCKS + 1) * BLOCK
+                kc, vc = cache.setdefault(target, (torch.zeros(slots_total, kv_heads, dim, dtype=q.dtype),
+                                                   torch.zeros(slots_total, kv_heads, dim, dtype=q.dtype)))
+                out = torch.zeros_like(q)
+                if meta.is_prompt:
+                    batch, seq = meta.slot_mapping.shape
+                    slots = meta.slot_mapping.reshape(-1).long()
+                    if k is not None and attn.kv_sharing_target_layer_name is None:
+                        ok = slots >= 0
+                        kc[slots[ok]] = k.view(-1, kv_heads, dim)[ok]
+                        vc[slots[ok]] = v.view(-1, kv_heads, dim)[ok]
+                    for t in range(batch * seq):
+                        b, s = divmod(t, seq)
+                        if s < int(meta.seq_lens_tensor[b]):
+                            keys = meta.slot_mapping[b, (max(0, s - WINDOW + 1) if sliding else 0):s + 1].long()
+                            out[t] = attend(q[t], kc[keys], vc[keys])
+                else:
+                    blocks, mapping, bias = ((meta.window_block_list, meta.window_block_mapping,
+                                              meta.window_attn_bias) if sliding else
+                                             (meta.block_list, meta.block_mapping, meta.attn_bias))
+                    slots = (blocks.clamp(min=0).unsqueeze(-1) * BLOCK + torch.arange(BLOCK)).long()
+                    for row in range(q.shape[0]):
+                        mine = mapping[:, row] > 0
+                        if mine.any():
+                            out[row] = attend(q[row], kc[slots[mine]].reshape(-1, kv_heads, dim),
+                                              vc[slots[mine]].reshape(-1, kv_heads, dim),
+                                              bias[mine].reshape(-1).to(q.dtype))
+                return out.reshape(-1, heads * dim)
+
+        return Attention()
+
+
+@pytest.fixture(scope="module")
+def real_gemma4(src):
+    """The tiny random Gemma 4 (4 layers, the last 2 KV-shared) built by vLLM 0.30.0 on CPU,
+    turned into vllm-gaudi's HpuGemma4Model by the patched models/gemma4.py's own
+    _apply_hpu_gemma4_patches, random weights, HPU-like attention in place of vLLM's."""
+    import socket
+    import types
+
+    import torch
+    import vllm.model_executor.models.gemma4 as upstream
+    from vllm.config import CacheConfig, ModelConfig, VllmConfig, set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.model_executor.model_loader.utils import process_weights_after_loading
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    from gemma4_images import tiny_model
+
+    cfg = VllmConfig(model_config=ModelConfig(model=str(tiny_model.ensure()), dtype="float32", max_model_len=256,
+                                              enforce_eager=True),
+                     cache_config=CacheConfig(kv_sharing_fast_prefill=True))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    saved_run_layers = upstream._run_decoder_layers
+    with set_current_vllm_config(cfg):
+        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                     distributed_init_method=f"tcp://127.0.0.1:{port}")
+        initialize_model_parallel(1, 1)
+        model = upstream.Gemma4Model(vllm_config=cfg, prefix="model")
+        code = compile(h.file_text(src, MODEL, h.gaudi_fixes()), os.path.join(src, MODEL), "exec")
+        module = types.ModuleType("hpu_gemma4_real_layers")
+        exec(code, module.__dict__)
+        module._apply_hpu_gemma4_patches(types.SimpleNamespace(model=model))
+        gen = torch.Generator().manual_seed(0)
+        for name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=gen) * 0.2
+            param.data.copy_(1 + noise if name.endswith("norm.weight") else noise)
+        process_weights_after_loading(model, cfg.model_config, torch.device("cpu"))  # what the loader does next
+        cache = {}
+        for layer in model.layers:
+            layer.self_attn.attn = _HpuLikeAttention.make(layer.self_attn.attn, cache)
+        yield cfg, model, cache
+    upstream._run_decoder_layers = saved_run_layers
+
+
+@pytest.mark.parametrize("lens", [[7], [7, 3, 10], [1, 13, 6, 4, 9]], ids=["one", "three", "five"])
+def test_real_gemma4_layers_sample_the_same_rows(src, real_gemma4, lens):
+    """The real Gemma 4 decoder layers (PLE, per-type RoPE, q-only KV-shared attention,
+    double-wide MLPs) through HpuGemma4Model: the fast path's sampled rows equal the
+    full 4-layer path's, with the plan the real runner code builds."""
+    import torch
+    from vllm.config import set_current_vllm_config
+    from vllm.forward_context import ForwardContext, override_forward_context
+
+    cfg, model, cache = real_gemma4
+    assert type(model).__name__ == "HpuGemma4Model" and model.fast_prefill_enabled
+    ns, runner, proc = _runner(src, h.gaudi_fixes(), contiguous_pa=True)
+    batch = runner._form_prefill_batch(_prompt_batch(ns, lens, seed=len(lens)))
+    meta = ns["trim_attn_metadata"](batch.attn_metadata[0])
+    rows = proc.process_metadata(meta.fast_prefill_metadata, meta.fast_prefill_gather.size(0), 1, "cpu",
+                                 torch.float32)
+    meta = ns["custom_tuple_replace"](meta, "TrimmedAttentionMetadata", fast_prefill_metadata=rows)
+    # vLLM's CPU embedding and RoPE reject the -1 the runner pads with (HPU's kernels take it);
+    # padding rows are never sampled
+    input_ids = batch.token_ids[0].reshape(-1).long().clamp(min=0)
+    positions = batch.position_ids[0].long().clamp(min=0)
+    logits = batch.logits_indices[0].long()
+    outputs = {}
+    with set_current_vllm_config(cfg), torch.no_grad():
+        for fast in (False, True):
+            cache.clear()
+            model.fast_prefill_enabled = fast
+            with override_forward_context(ForwardContext(no_compile_layers={}, attn_metadata=meta, slot_mapping={})):
+                outputs[fast] = model(input_ids, positions, None)
+    model.fast_prefill_enabled = True
+    torch.testing.assert_close(outputs[True][logits], outputs[False][logits], rtol=1e-4, atol=1e-5)
+    assert outputs[False][logits].abs().max() > 0.1  # not a trivially small output
