@@ -43,8 +43,10 @@ def log(line):
 def client():
     client = connect()
     yield client
-    # Rebuilding a fixed tag leaves the previous image dangling: remove ours, nobody else's.
-    for label in ("io.gemma4-images.target", "io.gemma4-images.stand-in"):
+    # Rebuilding a fixed tag, or a build that fails on purpose, leaves images dangling: remove
+    # ours, nobody else's (everything built on our local bases inherits base-inputs).
+    for label in ("io.gemma4-images.target", "io.gemma4-images.stand-in", "io.gemma4-images.test",
+                  localbase.INPUTS_LABEL):
         client.images.prune(filters={"dangling": True, "label": label})
 
 
@@ -116,8 +118,15 @@ def untagged(client):
 
 @pytest.fixture
 def no_new_containers(client):
-    """Fails the test if it leaves containers behind (a failed build must not)."""
-    before = {c.id for c in client.containers.list(all=True)}
+    """Fails the test if it leaves containers behind (a failed build must not).
+
+    Only containers of our images count (they inherit our io.gemma4-images.* labels,
+    a failed build's intermediate container too), so other work on the same engine
+    cannot make it fail."""
+    def ours():
+        return {c.id for c in client.containers.list(all=True)
+                if any(key.startswith("io.gemma4-images.") for key in (c.labels or {}))}
+
+    before = ours()
     yield
-    after = {c.id for c in client.containers.list(all=True)}
-    assert after - before == set(), "containers left behind"
+    assert ours() - before == set(), "containers left behind"

@@ -53,7 +53,7 @@ def test_scanner_catches_a_leak(client):
     rootfs = localbase.rootfs(client, print)
     with tempfile.TemporaryDirectory() as ctx:
         Path(ctx, "Dockerfile").write_text(
-            f"FROM {rootfs}\nARG T\nRUN echo \"$T\" > /leak\nLABEL org.opencontainers.image.base.name={rootfs}\n")
+            f"FROM {rootfs}\nARG T\nRUN echo \"$T\" > /leak\nLABEL org.opencontainers.image.base.name={rootfs} io.gemma4-images.test=\"deliberate leak\"\n")
         build(client, BuildSpec(dockerfile="Dockerfile", tag="gemma4-e2b-test/leaky:scan", context=Path(ctx),
                                 buildargs={"T": secret}), print)
     found = places_holding(client, "gemma4-e2b-test/leaky:scan", secret)
