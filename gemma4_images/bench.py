@@ -379,8 +379,12 @@ def run_harness(client, image: str, argv: list[str], log) -> tuple[dict, float, 
     secs = time.monotonic() - start
     if run.returncode != 0:
         raise RuntimeError(f"gemma4-bench {argv[0]} failed ({run.returncode}):\n" + "\n".join(run.stderr.splitlines()[-20:]))
-    text = run.stdout
-    return json.loads(text[text.index("\n{") + 1:] if not text.startswith("{") else text), secs, shipped
+    return harness_json(run.stdout), secs, shipped
+
+
+def harness_json(stdout: str) -> dict:
+    """The result gemma4-bench prints with --json - (after its human-readable table)."""
+    return json.loads(stdout[stdout.index("\n{") + 1:] if not stdout.startswith("{") else stdout)
 
 
 def serving_bench(client, log, image: str = CPU_IMAGE) -> dict:

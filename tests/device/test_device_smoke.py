@@ -22,3 +22,30 @@ def test_device_tier(name):
         pytest.skip(f"{name}: HF_TOKEN is not set (the real model is gated on the hub)")
     report = smoke.run_smoke(client, M, name, model=M.project.model)
     assert report.ok, report.table() + "\n" + "\n".join(report.log_tail)
+
+
+@pytest.mark.device
+@pytest.mark.gaudi2
+def test_gaudi2_fast_prefill_matches_stock():
+    """000 "Verified": fast prefill against stock, offline, 64 prompts of 1,024 tokens, greedy:
+    first token 64/64, 32-token continuations identical 64/64. gemma4-bench's check in the
+    image (random-token prompts; the recipe used wikitext), each mode in its own process."""
+    from gemma4_images.bench import harness_json
+
+    client = connect()
+    missing = smoke.device_missing(client, "habana")
+    if missing:
+        pytest.skip(f"gaudi2: {missing}")
+    if not os.environ.get("HF_TOKEN"):
+        pytest.skip("gaudi2: HF_TOKEN is not set (the real model is gated on the hub)")
+    kw = smoke.run_kwargs(M.targets["gaudi2"].run_flags)
+    env = {**kw.pop("environment"), "HF_TOKEN": os.environ["HF_TOKEN"]}
+    out = client.containers.run(M.tag("gaudi2"), ["offline", "--cases", "", "--check-prompts", "64",
+                                                  "--json", "-"],
+                                entrypoint=["gemma4-bench"], environment=env, network_mode="host",
+                                remove=True, **kw)
+    result = harness_json(out.decode())
+    assert result["errors"] == {}, result["errors"]
+    check = result["correctness"]
+    assert (check["n"], check["first_token_identical"], check["continuation_identical"]) == (64, 64, 64), \
+        check["summary"]
