@@ -427,6 +427,34 @@ class _HpuLikeAttention:
         return Attention()
 
 
+def _hpu_like_rope(rope):
+    """Make a vLLM rotary module cache its rows the way HPURotaryEmbedding does: the model
+    runner prepares cos/sin for the batch's positions once per forward (prepare_cos_sin),
+    and forward then uses that cache, not the positions it is given, unless it was
+    prepared with recompute_cos_sin. A cache for other rows fails, as HPU's kernel would."""
+    import types
+
+    import torch
+
+    native = rope.forward
+
+    def prepare_cos_sin(self, positions, offsets=None, recompute_cos_sin=False):
+        self.recompute_cos_sin = recompute_cos_sin
+        self.register_buffer("sin", positions.reshape(-1).clone(), persistent=False)
+
+    def forward(self, positions, query, key=None):
+        if not hasattr(self, "sin") or self.recompute_cos_sin:
+            self.prepare_cos_sin(positions, recompute_cos_sin=True)
+        rows = query.reshape(query.shape[0], -1).shape[0]
+        if self.sin.numel() != rows:
+            raise RuntimeError(f"cos/sin prepared for {self.sin.numel()} positions, query has {rows} rows")
+        return native(self.sin, query, key)
+
+    rope.prepare_cos_sin = types.MethodType(prepare_cos_sin, rope)
+    rope.forward = types.MethodType(forward, rope)
+    assert isinstance(rope, torch.nn.Module)
+
+
 @pytest.fixture(scope="module")
 def real_gemma4(src):
     """The tiny random Gemma 4 (4 layers, the last 2 KV-shared) built by vLLM 0.30.0 on CPU,
@@ -468,15 +496,18 @@ def real_gemma4(src):
         cache = {}
         for layer in model.layers:
             layer.self_attn.attn = _HpuLikeAttention.make(layer.self_attn.attn, cache)
+        for rope in {id(layer.self_attn.rotary_emb): layer.self_attn.rotary_emb for layer in model.layers}.values():
+            _hpu_like_rope(rope)
         yield cfg, model, cache
     upstream._run_decoder_layers = saved_run_layers
 
 
 @pytest.mark.parametrize("lens", [[7], [7, 3, 10], [1, 13, 6, 4, 9]], ids=["one", "three", "five"])
 def test_real_gemma4_layers_sample_the_same_rows(src, real_gemma4, lens):
-    """The real Gemma 4 decoder layers (PLE, per-type RoPE, q-only KV-shared attention,
-    double-wide MLPs) through HpuGemma4Model: the fast path's sampled rows equal the
-    full 4-layer path's, with the plan the real runner code builds."""
+    """The real Gemma 4 decoder layers (PLE, per-type RoPE with HPU's per-forward cos/sin
+    cache, q-only KV-shared attention, double-wide MLPs) through HpuGemma4Model: the fast
+    path's sampled rows equal the full 4-layer path's, with the plan the real runner code
+    builds."""
     import torch
     from vllm.config import set_current_vllm_config
     from vllm.forward_context import ForwardContext, override_forward_context
@@ -500,7 +531,13 @@ def test_real_gemma4_layers_sample_the_same_rows(src, real_gemma4, lens):
             cache.clear()
             model.fast_prefill_enabled = fast
             with override_forward_context(ForwardContext(no_compile_layers={}, attn_metadata=meta, slot_mapping={})):
-                outputs[fast] = model(input_ids, positions, None)
+                # HpuModelAdapter.forward: the first rotary module's cache, for every token of the batch
+                first_rope = model.layers[0].self_attn.rotary_emb
+                first_rope.prepare_cos_sin(positions, recompute_cos_sin=False)
+                try:
+                    outputs[fast] = model(input_ids, positions, None)
+                finally:
+                    del first_rope.sin
     model.fast_prefill_enabled = True
     torch.testing.assert_close(outputs[True][logits], outputs[False][logits], rtol=1e-4, atol=1e-5)
     assert outputs[False][logits].abs().max() > 0.1  # not a trivially small output
