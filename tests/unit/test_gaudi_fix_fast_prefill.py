@@ -193,6 +193,45 @@ def _runner(src, fixes, contiguous_pa):
     return ns, runner, proc
 
 
+def _hpu_attention(meta, q, k_cache, v_cache, sliding, scale=1.0):
+    """What HPUAttentionImpl computes, in plain torch (its kernels need a Gaudi).
+
+    q: [tokens, heads, dim]; caches: [slots, kv heads, dim], already holding the
+    batch's K/V. A prompt batch attends causally over the batch's own slots
+    (within WINDOW on a sliding layer); a decode-shaped batch does flat paged
+    attention over block_list / block_mapping / attn_bias (window_* when sliding).
+    """
+    import torch
+
+    group = q.shape[1] // k_cache.shape[1]
+
+    def attend(query, keys, values, bias=None):
+        keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
+        scores = torch.einsum("hd,nhd->hn", query, keys) * scale
+        if bias is not None:
+            scores = scores + bias.to(scores.dtype)
+        return torch.einsum("hn,nhd->hd", torch.softmax(scores, -1), values)
+
+    out = torch.zeros_like(q)
+    if meta.is_prompt:
+        batch, seq = meta.slot_mapping.shape
+        for t in range(batch * seq):
+            b, s = divmod(t, seq)
+            if s < int(meta.seq_lens_tensor[b]):
+                keys = meta.slot_mapping[b, (max(0, s - WINDOW + 1) if sliding else 0):s + 1].long()
+                out[t] = attend(q[t], k_cache[keys], v_cache[keys])
+        return out
+    blocks, mapping, bias = ((meta.window_block_list, meta.window_block_mapping, meta.window_attn_bias)
+                             if sliding else (meta.block_list, meta.block_mapping, meta.attn_bias))
+    slots = (blocks.clamp(min=0).unsqueeze(-1) * BLOCK + torch.arange(BLOCK)).long()  # [blocks, BLOCK]
+    for row in range(q.shape[0]):
+        mine = mapping[:, row] > 0
+        if mine.any():
+            flat = slots[mine].reshape(-1)
+            out[row] = attend(q[row], k_cache[flat], v_cache[flat], bias[mine].reshape(-1))
+    return out
+
+
 def _toy_layers(cache):
     """A two-stage toy with the KV-sharing shape of Gemma 4's YOCO split.
 
@@ -218,8 +257,8 @@ def _toy_layers(cache):
             x = torch.tanh(emb[input_ids.clamp(min=0)] @ w_in + pos_emb[positions.clamp(min=0)])
             slots = meta.slot_mapping.reshape(-1)
             ok = slots >= 0
-            cache["k"][slots[ok]] = x[ok] @ w_k
-            cache["v"][slots[ok]] = x[ok] @ w_v
+            cache["k"][slots[ok]] = (x[ok] @ w_k).unsqueeze(1)
+            cache["v"][slots[ok]] = (x[ok] @ w_v).unsqueeze(1)
             return x, torch.stack([x, -x], dim=1)  # per-layer inputs, [tokens, layers, dim]
 
     class Shared(torch.nn.Module):
@@ -227,34 +266,10 @@ def _toy_layers(cache):
             super().__init__()
             self.index, self.sliding, self.w_q, self.w_o = index, sliding, rnd(DIM, DIM), rnd(DIM, DIM)
 
-        def attend(self, q, meta):
-            if meta.is_prompt:
-                batch, seq = meta.slot_mapping.shape
-                out = torch.zeros_like(q)
-                for t in range(batch * seq):
-                    b, s = divmod(t, seq)
-                    if s >= int(meta.seq_lens_tensor[b]):
-                        continue
-                    lo = max(0, s - WINDOW + 1) if self.sliding else 0
-                    keys = meta.slot_mapping[b, lo:s + 1]
-                    weights = torch.softmax(cache["k"][keys] @ q[t], 0)
-                    out[t] = weights @ cache["v"][keys]
-                return out
-            blocks, mapping, bias = ((meta.window_block_list, meta.window_block_mapping, meta.window_attn_bias)
-                                     if self.sliding else (meta.block_list, meta.block_mapping, meta.attn_bias))
-            slots = (blocks.clamp(min=0).unsqueeze(-1) * BLOCK + torch.arange(BLOCK)).long()  # [blocks, BLOCK]
-            out = torch.zeros_like(q)
-            for row in range(q.shape[0]):
-                mine = mapping[:, row] > 0
-                if mine.any():
-                    scores = (cache["k"][slots[mine]] @ q[row]) + bias[mine]
-                    weights = torch.softmax(scores.reshape(-1), 0)
-                    out[row] = weights @ cache["v"][slots[mine]].reshape(-1, DIM)
-            return out
-
         def forward(self, positions, x, per_layer):
-            q = x @ self.w_q + pos_emb[positions.clamp(min=0)] + per_layer[:, self.index]
-            return x + torch.tanh(self.attend(q, get_forward_context().attn_metadata) @ self.w_o)
+            q = (x @ self.w_q + pos_emb[positions.clamp(min=0)] + per_layer[:, self.index]).unsqueeze(1)
+            out = _hpu_attention(get_forward_context().attn_metadata, q, cache["k"], cache["v"], self.sliding)
+            return x + torch.tanh(out.squeeze(1) @ self.w_o)
 
     class Second(torch.nn.Module):
         def __init__(self):
@@ -309,7 +324,7 @@ def _run(src, fixes, lens, contiguous_pa=True, context_lens=None):
     model_cls = _gemma4_model_class(src, fixes)
     outputs = []
     for fast in (False, True):
-        cache = {"k": torch.zeros((NUM_BLOCKS + 1) * BLOCK, DIM, dtype=torch.float64)}
+        cache = {"k": torch.zeros((NUM_BLOCKS + 1) * BLOCK, 1, DIM, dtype=torch.float64)}
         cache["v"] = cache["k"].clone()
         first, second = _toy_layers(cache)
         model = model_cls.__new__(model_cls)
@@ -367,13 +382,9 @@ def test_upstream_fast_prefill_fails_on_hpu_metadata(src):
 
 # ------------------------------------------------------------------ checkout: real Gemma 4 layers
 class _HpuLikeAttention:
-    """Stands in for a Gemma 4 layer's vLLM Attention module with the HPU backend's
-    two branches in plain torch (its kernels need a Gaudi): a prompt batch writes
-    K/V at its slots (KV-sharing targets only) and attends causally over the
-    batch's own slots, within the sliding window on sliding layers; a decode-shaped
-    batch does flat paged attention over block_list / block_mapping / attn_bias
-    (window_* on sliding layers). KV-shared layers read their target's cache.
-    """
+    """Stands in for a Gemma 4 layer's vLLM Attention module: a prompt batch writes K/V at
+    its slots (KV-sharing targets only), then both branches are _hpu_attention's.
+    KV-shared layers read their target's cache."""
 
     @staticmethod
     def make(attn, cache):
@@ -382,47 +393,21 @@ class _HpuLikeAttention:
 
         target = attn.kv_sharing_target_layer_name or attn.layer_name
         heads, kv_heads, dim = attn.num_heads, attn.num_kv_heads, attn.head_size
-        group, scale, sliding = heads // kv_heads, attn.impl.scale, attn.sliding_window is not None
-
-        def attend(q, keys, values, bias=None):
-            keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
-            scores = torch.einsum("hd,nhd->hn", q, keys) * scale
-            if bias is not None:
-                scores = scores + bias
-            return torch.einsum("hn,nhd->hd", torch.softmax(scores, -1), values)
+        sliding, scale = attn.sliding_window is not None, attn.impl.scale
 
         class Attention(torch.nn.Module):
             def forward(self, q, k, v):
                 meta = get_forward_context().attn_metadata
                 q = q.view(-1, heads, dim)
-                slots_total = (NUM_BLOCKS + 1) * BLOCK
-                kc, vc = cache.setdefault(target, (torch.zeros(slots_total, kv_heads, dim, dtype=q.dtype),
-                                                   torch.zeros(slots_total, kv_heads, dim, dtype=q.dtype)))
-                out = torch.zeros_like(q)
-                if meta.is_prompt:
-                    batch, seq = meta.slot_mapping.shape
+                shape = ((NUM_BLOCKS + 1) * BLOCK, kv_heads, dim)
+                k_cache, v_cache = cache.setdefault(target, (torch.zeros(shape, dtype=q.dtype),
+                                                             torch.zeros(shape, dtype=q.dtype)))
+                if meta.is_prompt and k is not None and attn.kv_sharing_target_layer_name is None:
                     slots = meta.slot_mapping.reshape(-1).long()
-                    if k is not None and attn.kv_sharing_target_layer_name is None:
-                        ok = slots >= 0
-                        kc[slots[ok]] = k.view(-1, kv_heads, dim)[ok]
-                        vc[slots[ok]] = v.view(-1, kv_heads, dim)[ok]
-                    for t in range(batch * seq):
-                        b, s = divmod(t, seq)
-                        if s < int(meta.seq_lens_tensor[b]):
-                            keys = meta.slot_mapping[b, (max(0, s - WINDOW + 1) if sliding else 0):s + 1].long()
-                            out[t] = attend(q[t], kc[keys], vc[keys])
-                else:
-                    blocks, mapping, bias = ((meta.window_block_list, meta.window_block_mapping,
-                                              meta.window_attn_bias) if sliding else
-                                             (meta.block_list, meta.block_mapping, meta.attn_bias))
-                    slots = (blocks.clamp(min=0).unsqueeze(-1) * BLOCK + torch.arange(BLOCK)).long()
-                    for row in range(q.shape[0]):
-                        mine = mapping[:, row] > 0
-                        if mine.any():
-                            out[row] = attend(q[row], kc[slots[mine]].reshape(-1, kv_heads, dim),
-                                              vc[slots[mine]].reshape(-1, kv_heads, dim),
-                                              bias[mine].reshape(-1).to(q.dtype))
-                return out.reshape(-1, heads * dim)
+                    ok = slots >= 0
+                    k_cache[slots[ok]] = k.view(-1, kv_heads, dim)[ok]
+                    v_cache[slots[ok]] = v.view(-1, kv_heads, dim)[ok]
+                return _hpu_attention(meta, q, k_cache, v_cache, sliding, scale).reshape(-1, heads * dim)
 
         return Attention()
 
