@@ -115,6 +115,19 @@ def vllm_or_skip():
         pytest.skip(f"needs vllm 0.30.0, found {vllm.__version__}")
 
 
+def checkout_or_skip():
+    """The vllm-gaudi checkout named by VLLM_GAUDI_SRC, with vllm 0.30.0 importable; else skip."""
+    src = gaudi_src_or_skip()
+    vllm_or_skip()
+    return src
+
+
+@pytest.fixture(scope="module")
+def src():
+    """checkout_or_skip() as a fixture: test modules import it (check-fixes runs them with --noconftest)."""
+    return checkout_or_skip()
+
+
 def file_text(src, path, fixes=(), exact=True):
     """`path` from the checkout, with `fixes` (pack names) applied in pack order.
 

@@ -31,6 +31,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import gaudi_fixes_helpers as h  # noqa: E402
+from gaudi_fixes_helpers import src  # noqa: E402,F401  (the checkout fixture)
 
 FIX = "gemma4-fast-prefill"
 RUNNER = "vllm_gaudi/v1/worker/hpu_model_runner.py"
@@ -131,13 +132,6 @@ def test_call_sites():
 
 # ------------------------------------------------------------------ checkout: the real code on a toy model
 BLOCK, WINDOW, DIM, NUM_BLOCKS = 4, 6, 8, 40
-
-
-@pytest.fixture(scope="module")
-def src():
-    src = h.gaudi_src_or_skip()
-    h.vllm_or_skip()
-    return src
 
 
 class _Bucketing:
@@ -419,8 +413,6 @@ def _hpu_like_rope(rope):
     prepared with recompute_cos_sin. A cache for other rows fails, as HPU's kernel would."""
     import types
 
-    import torch
-
     native = rope.forward
 
     def prepare_cos_sin(self, positions, offsets=None, recompute_cos_sin=False):
@@ -437,7 +429,6 @@ def _hpu_like_rope(rope):
 
     rope.prepare_cos_sin = types.MethodType(prepare_cos_sin, rope)
     rope.forward = types.MethodType(forward, rope)
-    assert isinstance(rope, torch.nn.Module)
 
 
 @pytest.fixture(scope="module")

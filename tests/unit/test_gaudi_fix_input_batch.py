@@ -11,6 +11,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import gaudi_fixes_helpers as h  # noqa: E402
+from gaudi_fixes_helpers import src  # noqa: E402,F401  (the checkout fixture)
 
 PATH = "vllm_gaudi/v1/worker/hpu_input_batch.py"
 
@@ -36,13 +37,6 @@ def test_bad_words_by_row():
 
 
 # ------------------------------------------------------------------ checkout: real InputBatch
-@pytest.fixture(scope="module")
-def src():
-    src = h.gaudi_src_or_skip()
-    h.vllm_or_skip()
-    return src
-
-
 def _two_requests(mod):
     b = h.make_batch(mod)
     b.add_request(h.make_request(mod, "A", range(1, 11), temperature=0.5, top_k=3, top_p=0.5))

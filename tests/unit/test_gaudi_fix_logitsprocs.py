@@ -20,6 +20,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import gaudi_fixes_helpers as h  # noqa: E402
+from gaudi_fixes_helpers import src  # noqa: E402,F401  (the checkout fixture)
 
 BATCH = "vllm_gaudi/v1/worker/hpu_input_batch.py"
 RUNNER = "vllm_gaudi/v1/worker/hpu_model_runner.py"
@@ -43,13 +44,6 @@ def test_runner_updates_logitsprocs_once_per_step():
 
 
 # ------------------------------------------------------------------ checkout: real InputBatch + processors
-@pytest.fixture(scope="module")
-def src():
-    src = h.gaudi_src_or_skip()
-    h.vllm_or_skip()
-    return src
-
-
 def _processors():
     from vllm.v1.sample.logits_processor import LogitsProcessors
     from vllm.v1.sample.logits_processor.builtin import (LogitBiasLogitsProcessor, MinPLogitsProcessor,

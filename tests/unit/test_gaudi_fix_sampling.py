@@ -13,6 +13,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import gaudi_fixes_helpers as h  # noqa: E402
+from gaudi_fixes_helpers import src  # noqa: E402,F401  (the checkout fixture)
 
 torch = pytest.importorskip("torch")
 PATCHES = "vllm_gaudi/patches.py"
@@ -55,16 +56,10 @@ def test_seeded_sampling_generator_is_cpu_unless_spec_decode():
 
 # ------------------------------------------------------------------ checkout: patched functions vs vLLM
 @pytest.fixture(scope="module")
-def patched():
-    src = h.gaudi_src_or_skip()
-    h.vllm_or_skip()
-    text = h.file_text(src, PATCHES, ["gather-logprobs-int32", "seeded-sampling"])
-    ns = {"torch": torch}
-    for node in ast.parse(text).body:
-        if isinstance(node, ast.FunctionDef) and node.name in {
-                "int32_logprob_token_ids", "_hpu_gather_logprobs", "seeded_exponential_noise", "_hpu_random_sample"}:
-            exec(compile(ast.get_source_segment(text, node), PATCHES, "exec"), ns)
-    return ns
+def patched(src):
+    return h.defs_from_file(src, PATCHES, ["gather-logprobs-int32", "seeded-sampling"],
+                            ["int32_logprob_token_ids", "_hpu_gather_logprobs", "seeded_exponential_noise",
+                             "_hpu_random_sample"], {"torch": torch})
 
 
 def test_patched_gather_logprobs_matches_vllm(patched):

@@ -51,8 +51,7 @@ def test_apply_grammar_bitmask_gets_the_sampling_row_owners():
 # ------------------------------------------------------------------ checkout: the real method on CPU
 @pytest.fixture(scope="module")
 def src():
-    src = h.gaudi_src_or_skip()
-    h.vllm_or_skip()
+    src = h.checkout_or_skip()
     pytest.importorskip("xgrammar")
     return src
 
