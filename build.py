@@ -10,14 +10,14 @@ from pathlib import Path
 
 import click
 
-from gemma4_images import images, matrix as matrix_mod, render, running, tokenizer_copy, upstream
+from gemma4_images import images, matrix as matrix_mod, render, running, tokenizer_copy, upstream, wheels
 from gemma4_images.docker_build import BaseUnavailable, BuildFailed, DockerUnavailable, connect, local_image
 from gemma4_images.localbase import LocalBaseError
 from gemma4_images.matrix import MatrixError
 from gemma4_images.tokenizer_copy import TokenizerError
 
 EXPECTED = (MatrixError, DockerUnavailable, BaseUnavailable, LocalBaseError, upstream.UpstreamError,
-            TokenizerError)
+            TokenizerError, wheels.WheelsError)
 
 
 def fail(message: str, code: int = 1):
@@ -151,6 +151,45 @@ def build(targets, base_image, tag, no_cache, dry_run, build_args, tokenizer_sou
         fail(f"{e}\nno image was tagged")
     except EXPECTED as e:
         fail(str(e))
+
+
+@cli.command()
+@click.argument("targets", nargs=-1)
+@click.option("--check", is_flag=True, help="Change nothing; exit 1 if any base's digest moved, is not "
+              "pinned or cannot be resolved.")
+@click.option("--file", "path", type=click.Path(dir_okay=False, path_type=Path), default=matrix_mod.TARGETS_FILE,
+              show_default="targets.yaml", help="The targets file to read and edit.")
+def pin(targets, check, path):
+    """Record each base image's registry digest in targets.yaml (TARGETS, default all; Gaudi's
+    stage-1 image for gaudi2), keeping its comments and layout; builds then pull image@digest."""
+    from gemma4_images import pin as pin_mod
+    try:
+        m = matrix_mod.load(path)
+        names = [m.resolve(t) for t in targets] if targets and targets != ("all",) else list(m.targets)
+    except MatrixError as e:
+        fail(str(e), 2)
+    results = pin_mod.resolve(pin_mod.bases(m, names))
+    for r in results:
+        click.echo(r.line())
+    unresolved = [r for r in results if r.state in ("error", "missing")]
+    if check:
+        off = [r.state for r in results if r.state != "ok"]
+        if off:
+            counts = ", ".join(f"{n} {state}" for state in ("moved", "unpinned", "missing", "error")
+                               if (n := off.count(state)))
+            fail(f"{len(off)} of {len(results)} bases are not pinned at the registry's digest ({counts}); "
+                 "check the new images, then run `python build.py pin` to pin them")
+        return
+    try:
+        changed = pin_mod.write(path, {r.base.image: r.digest for r in results if r.state in ("moved", "unpinned")})
+    except pin_mod.PinError as e:
+        fail(str(e))
+    click.echo(f"pinned {len(changed)} base(s) in {path}" if changed else f"{path} already pins every digest it could resolve")
+    if changed and path.resolve() == matrix_mod.TARGETS_FILE.resolve():
+        wrote = render.write(matrix_mod.load())
+        click.echo("re-rendered " + ", ".join(wrote))
+    if unresolved:
+        fail(f"{len(unresolved)} base(s) could not be resolved (see above); their digests are unchanged")
 
 
 @cli.command()
@@ -296,14 +335,17 @@ def inspect(image):
 @cli.command("bench")
 @click.option("--no-build", "skip_build", is_flag=True, help="Skip the build-system benchmark.")
 @click.option("--no-serving", "skip_serving", is_flag=True, help="Skip the serving harness run.")
+@click.option("--no-startup", "skip_startup", is_flag=True,
+              help="Skip the start-up benchmark (our image against bare vllm serve, ~6 min).")
 @click.option("--with-base", is_flag=True,
               help="Also time a no-cache build of the local CPU base (~3.5 min; re-tags the base).")
-def bench_cmd(skip_build, skip_serving, with_base):
-    """Cold/no-change/one-patch/one-entrypoint-line rebuilds, image overhead, and gemma4-bench in
-    the CPU image with the tiny model; regenerates BENCHMARKS.md."""
+def bench_cmd(skip_build, skip_serving, skip_startup, with_base):
+    """Cold/no-change/one-patch/one-entrypoint-line rebuilds, image overhead, gemma4-bench in the CPU
+    image with the tiny model, and start-up time against bare vllm serve; regenerates BENCHMARKS.md."""
     from gemma4_images import bench
     try:
-        results = bench.main(log, build=not skip_build, serving=not skip_serving, with_base=with_base)
+        results = bench.main(log, build=not skip_build, serving=not skip_serving, with_base=with_base,
+                             startup=not skip_startup)
     except BuildFailed as e:
         click.echo("\n".join(f"  | {line}" for line in e.tail), err=True)
         fail(f"{e}\nno image was tagged")

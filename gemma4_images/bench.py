@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -331,6 +332,9 @@ def image_size(client, base: str, ctx: Path) -> dict:
                                 network_mode="host").decode()
     inside = json.loads(out.strip().splitlines()[-1])
     added = dict(copied)
+    extras = installed_since(client, base, BENCH_TAG)
+    if extras:
+        added[f"audio extras installed ({', '.join(sorted(extras))})"] = sum(extras.values())
     added[f"files the fixes rewrote ({inside['files']})"] = inside["rewritten"]
     added["fixes.json + build.json"] = inside["records"]
     layers = [{"step": (h.get("CreatedBy") or "")[-90:], "bytes": h.get("Size", 0)}
@@ -341,6 +345,20 @@ def image_size(client, base: str, ctx: Path) -> dict:
     return {**verdict, "parts": added,
             "layers": [{"step": step_label(h.get("CreatedBy") or ""),
                         "bytes": h.get("Size", 0)} for h in ours if h.get("Size")] or layers}
+
+
+DIST_BYTES = ("import importlib.metadata as m, json, os; print(json.dumps({d.metadata['Name']: "
+              "sum(os.path.getsize(p) for p in map(d.locate_file, d.files or []) if os.path.isfile(p)) "
+              "for d in m.distributions()}))")
+
+
+def installed_since(client, base: str, image: str) -> dict[str, int]:
+    """Python distributions the image has and its base does not, with the bytes of their files."""
+    def dists(ref):
+        out = client.containers.run(ref, ["-c", DIST_BYTES], entrypoint=["python3"], remove=True, network_mode="host")
+        return json.loads(out.decode().strip().splitlines()[-1])
+    before, after = dists(base), dists(image)
+    return {name: size for name, size in after.items() if name not in before}
 
 
 # -- the serving harness in the CPU image --------------------------------------------------------
@@ -399,6 +417,78 @@ def serving_bench(client, log, image: str = CPU_IMAGE) -> dict:
             "served": served, "served_s": srv_s}
 
 
+# -- start-up: our image against bare `vllm serve` on the same base -------------------------------
+
+STARTUP_ROUNDS = 3
+STARTUP_MAX_RATIO = 1.03
+STARTUP_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+def startup_commands(client, image: str) -> tuple[list[str], list[str]]:
+    """(our image's arguments, the bare base's arguments) for the same vLLM launch: the image's own
+    launch with the CPU tier's flags; the bare run drops what only our image has (the baked BOS
+    copy as --tokenizer) and names the model folder, as a user of the base alone would."""
+    t = matrix.load().targets[TARGET]
+    ours = [*t.smoke.args, "--host", "127.0.0.1", "--port", "{port}"]
+    out = client.containers.run(image, ["--print-command", *ours], remove=True, network_mode="host",
+                                environment={"GEMMA4_MODEL": "/models/tiny"}).decode()
+    launch = shlex.split(out.strip().splitlines()[-1])
+    bare, skip = [], False
+    for i, arg in enumerate(launch[2:]):          # after `vllm serve`
+        if skip:
+            skip = False
+            continue
+        if arg == "--tokenizer":
+            skip = True
+            continue
+        bare.append(arg)
+    return ours, bare
+
+
+def time_to_health(client, image: str, args: list[str], entrypoint: list[str] | None, model: Path,
+                   budget: float = 600) -> float:
+    """Seconds from `docker run` to the first 200 on /health; the container is always removed."""
+    from .smoke import free_port, http
+    port = free_port()
+    start = time.monotonic()
+    container = client.containers.run(
+        image, [a.replace("{port}", str(port)) for a in args], entrypoint=entrypoint, detach=True,
+        network_mode="host", shm_size="1g", environment={**STARTUP_ENV, "GEMMA4_MODEL": "/models/tiny"},
+        volumes={str(model): {"bind": "/models/tiny", "mode": "ro"}})
+    try:
+        while time.monotonic() - start < budget:
+            try:
+                if http("GET", f"http://127.0.0.1:{port}/health", timeout=2)[0] == 200:
+                    return time.monotonic() - start
+            except OSError:
+                pass
+            container.reload()
+            if container.status == "exited":
+                raise RuntimeError(f"{image} exited before /health answered:\n"
+                                   + container.logs().decode(errors="replace")[-2000:])
+            time.sleep(0.5)
+        raise RuntimeError(f"{image}: /health did not answer within {budget:.0f} s")
+    finally:
+        container.remove(force=True)
+
+
+def startup_bench(client, log, image: str = CPU_IMAGE, rounds: int = STARTUP_ROUNDS) -> dict:
+    """Alternating rounds (bare first) so that drift on the machine touches both sides alike."""
+    m = matrix.load()
+    base = localbase.cpu_base(client, m.targets[TARGET].base.local, log)
+    model = tiny_model.ensure()
+    ours, bare = startup_commands(client, image)
+    times: dict[str, list[float]] = {"bare": [], "ours": []}
+    for n in range(rounds):
+        times["bare"].append(time_to_health(client, base, bare, ["vllm", "serve"], model))
+        times["ours"].append(time_to_health(client, image, ours, None, model))
+        log(f"bench: start-up round {n + 1}/{rounds}: bare {times['bare'][-1]:.1f} s, ours {times['ours'][-1]:.1f} s")
+    med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+    r = ratio(med["ours"], med["bare"])
+    return {"image": image, "base": base, "rounds": times, "median": med, "ratio": r,
+            "target": STARTUP_MAX_RATIO, "ok": r <= STARTUP_MAX_RATIO, "bare_args": bare, "ours_args": ours}
+
+
 # -- BENCHMARKS.md -------------------------------------------------------------------------------
 
 def recipe_offline_table(ours: dict | None) -> str:
@@ -413,7 +503,22 @@ def recipe_offline_table(ours: dict | None) -> str:
     return harness._markdown(rows)
 
 
-def render(build: dict | None, serving: dict | None, timings: dict) -> str:
+def startup_section(st: dict) -> list[str]:
+    rows = [("round", "bare `vllm serve` (s)", "our image (s)")]
+    rows += [(str(i + 1), f"{b:.1f}", f"{o:.1f}") for i, (b, o) in enumerate(zip(st["rounds"]["bare"], st["rounds"]["ours"]))]
+    rows.append(("median", f"{st['median']['bare']:.1f}", f"{st['median']['ours']:.1f}"))
+    return ["## Start-up: our image against bare `vllm serve` on the same base", "",
+            f"Time from `docker run` to the first 200 on `/health`, the tiny model, the CPU tier's flags, "
+            f"{len(st['rounds']['bare'])} alternating rounds (bare first). Bare: `{st['base']}` running "
+            f"`vllm serve {' '.join(st['bare_args'])}`; ours: `{st['image']}` with the same launch plus what "
+            "only it has (the entrypoint, the fixes pack applied, the baked BOS tokenizer copy as "
+            "`--tokenizer`).", "",
+            harness._markdown(rows), "",
+            f"Ratio of medians, ours / bare: **{st['ratio']:.3f}** (target <= {st['target']}: "
+            f"{'met' if st['ok'] else 'NOT met'}).", ""]
+
+
+def render(build: dict | None, serving: dict | None, timings: dict, startup: dict | None = None) -> str:
     out = ["# Benchmarks", "",
            "Generated by `make bench` (`gemma4_images/bench.py`); do not edit. Every ratio is against a "
            "baseline measured in the same run: these machines are noisy, so absolute seconds are for "
@@ -450,6 +555,8 @@ def render(build: dict | None, serving: dict | None, timings: dict) -> str:
                 "Per layer (from the image history, non-empty layers of ours):", "",
                 harness._markdown([("step", "bytes"), *[(f"`{x['step']}`", f"{x['bytes']:,}") for x in sz["layers"]]]),
                 ""]
+    if startup:
+        out += startup_section(startup)
     out += ["## Serving: the recipe's published figures", "",
             "From recipe 000 (Performance), single runs on one Gaudi 2 card, vllm-gaudi releases/v0.30.0 "
             "(058f107), vLLM ced6857a, Gaudi SW 1.24.1, prompt batch cap 1. `gemma4-bench offline` at its "
@@ -483,7 +590,8 @@ def render(build: dict | None, serving: dict | None, timings: dict) -> str:
     return "\n".join(out)
 
 
-def main(log=print, out: Path = OUT, build: bool = True, serving: bool = True, with_base: bool = False) -> dict:
+def main(log=print, out: Path = OUT, build: bool = True, serving: bool = True, with_base: bool = False,
+         startup: bool = True) -> dict:
     from .docker_build import connect
     client = connect()
     timings: dict = {}
@@ -498,9 +606,13 @@ def main(log=print, out: Path = OUT, build: bool = True, serving: bool = True, w
         timings["offline harness, tiny sizes, both modes"] = results["serving"]["offline_s"]
         timings["served harness, tiny sizes, both modes"] = results["serving"]["served_s"]
         timings["serving benchmark total"] = time.monotonic() - t
+    if startup:
+        t = time.monotonic()
+        results["startup"] = startup_bench(client, log)
+        timings[f"start-up benchmark ({STARTUP_ROUNDS} rounds x 2)"] = time.monotonic() - t
     timings["cpu"] = f"{__import__('os').cpu_count()} cores"
     results["timings"] = timings
-    out.write_text(render(results.get("build"), results.get("serving"), timings))
+    out.write_text(render(results.get("build"), results.get("serving"), timings, results.get("startup")))
     (ROOT / ".build").mkdir(exist_ok=True)
     (ROOT / ".build" / "bench.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
     if results.get("build"):

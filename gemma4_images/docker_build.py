@@ -61,11 +61,18 @@ def pull(client, ref: str) -> str | None:
         return text.strip().splitlines()[0][:300]
 
 
-def digest_of(image, configured: str | None) -> str:
-    """The base's registry digest when known, else its local image id (stable for local bases)."""
+def base_digest(image, ref: str) -> str:
+    """What the base.digest label records for a build on ref: the digest ref pins (the engine
+    pulled exactly it), else the registry digest of ref's own repository, else the local image id
+    (a base built here has no registry digest; its id is as stable)."""
+    name, at, digest = ref.partition("@")
+    if at:
+        return digest
+    repo = name.rsplit(":", 1)[0] if ":" in name.rsplit("/", 1)[-1] else name
     for repo_digest in image.attrs.get("RepoDigests") or []:
-        return repo_digest.split("@", 1)[1]
-    return configured or image.id
+        if repo_digest.split("@", 1)[0] == repo:
+            return repo_digest.split("@", 1)[1]
+    return image.id
 
 
 @dataclass

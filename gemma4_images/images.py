@@ -4,10 +4,12 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from contextlib import nullcontext
 from datetime import datetime, timezone
+from pathlib import Path
 
-from . import localbase, tokenizer_copy, upstream
-from .docker_build import BaseUnavailable, BuildSpec, build, digest_of, local_image, pull
+from . import localbase, running, tokenizer_copy, upstream, wheels
+from .docker_build import BaseUnavailable, BuildSpec, base_digest, build, local_image, pull
 from .entrypoint import BUILD_FACTS
 from .matrix import ROOT, Matrix, dockerfile_name
 
@@ -80,6 +82,17 @@ def fix_args(matrix: Matrix, name: str) -> dict[str, str]:
             "GEMMA4_FIXES_OPT_IN": " ".join(fixes.opt_in) if fixes else ""}
 
 
+def audio_wheels(client, matrix: Matrix, name: str, base: str, log) -> Path | None:
+    """The audio extras' wheelhouse for the base's own Python and platform (None: no audio)."""
+    if not matrix.targets[name].audio:
+        return None
+    py = running.python_of(client, base)
+    platforms = wheels.manylinux_platforms(py["machine"], py["glibc"])
+    house = wheels.wheelhouse(matrix.audio_extras, python=py["python"], platforms=platforms)
+    log(f"audio extras for Python {py['python']} ({py['machine']}, glibc {py['glibc']}) from {house}")
+    return house
+
+
 def build_target(client, matrix: Matrix, name: str, *, base_override=None, tag=None, nocache=False,
                  tokenizer_source=None, extra_args=None, log=print, verbose=False, context=ROOT) -> str:
     """Build name's image from the build context (the repository, or a copy of its image inputs)."""
@@ -89,14 +102,23 @@ def build_target(client, matrix: Matrix, name: str, *, base_override=None, tag=N
     _, bos_copy_of = tokenizer_copy.stage(matrix, name, tokenizer_source, context / ".build" / "tokenizer")
     base = resolve_base(client, matrix, name, base_override, log)
     image = local_image(client, base)
-    buildargs = {"BASE_IMAGE": base, **fix_args(matrix, name),
-                 **facts(matrix, name, base, digest_of(image, matrix.targets[name].base.digest), bos_copy_of),
-                 **(extra_args or {})}
-    spec = BuildSpec(dockerfile=dockerfile_name(matrix.targets[name].family), tag=tag,
-                     buildargs=buildargs, context=context, nocache=nocache)
-    log(f"building {tag} ({spec.dockerfile} on {base})")
-    build(client, spec, log, verbose=verbose)
+    house = audio_wheels(client, matrix, name, base, log)
+    with wheels.serve_directory(house) if house else nullcontext("") as wheels_url:
+        buildargs = {"BASE_IMAGE": base, **fix_args(matrix, name), **audio_args(matrix, name, wheels_url),
+                     **facts(matrix, name, base, base_digest(image, base),
+                             bos_copy_of),
+                     **(extra_args or {})}
+        spec = BuildSpec(dockerfile=dockerfile_name(matrix.targets[name].family), tag=tag,
+                         buildargs=buildargs, context=context, nocache=nocache)
+        log(f"building {tag} ({spec.dockerfile} on {base})")
+        build(client, spec, log, verbose=verbose)
     return tag
+
+
+def audio_args(matrix: Matrix, name: str, wheels_url: str) -> dict[str, str]:
+    audio = matrix.targets[name].audio
+    return {"GEMMA4_AUDIO_EXTRAS": " ".join(matrix.audio_extras) if audio else "",
+            "GEMMA4_WHEELS_URL": wheels_url if audio else ""}
 
 
 def dry_run(matrix: Matrix, name: str, base_override=None, tag=None, nocache=False, tokenizer_source=None,
@@ -106,7 +128,7 @@ def dry_run(matrix: Matrix, name: str, base_override=None, tag=None, nocache=Fal
     target = matrix.targets[name]
     base = base_override or target.base.ref
     bos = (tokenizer_source or matrix.project.model) if target.bos_tokenizer else ""
-    buildargs = {"BASE_IMAGE": base, **fix_args(matrix, name),
+    buildargs = {"BASE_IMAGE": base, **fix_args(matrix, name), **audio_args(matrix, name, "<served at build>"),
                  **facts(matrix, name, base, target.base.digest or "<resolved at build>", bos),
                  **(extra_args or {})}
     return BuildSpec(dockerfile=dockerfile_name(target.family), tag=tag or matrix.tag(name),

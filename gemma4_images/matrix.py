@@ -54,6 +54,9 @@ class Image(Strict):
     image: str
     digest: str | None = None
     local: str | None = None
+    # The CUDA runtime the base's torch is built for (torch.version.cuda); the build's self-check
+    # refuses a base that carries another one.
+    cuda: str | None = None
 
     @field_validator("digest")
     @classmethod
@@ -133,6 +136,8 @@ class Target(Strict):
     smoke: Smoke = Smoke()
     fixes: Fixes | None = None
     bos_tokenizer: bool = False
+    # Install the audio extras (Matrix.audio_extras) and serve audio; false: the launch refuses it.
+    audio: bool = True
 
     @property
     def opt_in_fixes(self) -> list[str]:
@@ -141,6 +146,7 @@ class Target(Strict):
 
 class Matrix(Strict):
     project: Project
+    audio_extras: list[str]
     features: dict[str, list[str]]
     variants: dict[str, Variant]
     upstream_files: dict[str, UpstreamFile]
@@ -224,6 +230,11 @@ class Matrix(Strict):
             "features": features,
             "unsupported_features": t.serve.unsupported_features,
             "tokenizer": TOKENIZER_PATH if t.bos_tokenizer else None,
+            "audio": t.audio,
+            # What the self-check holds the base to, and the bases to name when it does not fit.
+            "cuda": t.base.cuda,
+            "cuda_bases": {o.base.cuda: o.base.image for o in self.targets.values()
+                           if o.family == t.family and o.base.cuda},
             "variants": variants,
             "guards": t.guards.model_dump(),
             "notes": t.notes,

@@ -2,26 +2,17 @@
 holds the same digest, every pushed digest recorded in reports/pushed.json for pipelines."""
 from __future__ import annotations
 
-import ipaddress
 import json
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from . import images
+from . import registry as registry_api
 from .docker_build import ANSI, local_image
 from .matrix import Matrix
 
 SHORT_SHA = 7
 PUSHED_FILE = "pushed.json"
-# What a HEAD on a tag may answer with: the daemon pushes Docker v2 manifests, other tools OCI.
-MANIFEST_TYPES = ", ".join([
-    "application/vnd.docker.distribution.manifest.v2+json",
-    "application/vnd.docker.distribution.manifest.list.v2+json",
-    "application/vnd.oci.image.manifest.v1+json",
-    "application/vnd.oci.image.index.v1+json",
-])
 
 
 class PushError(Exception):
@@ -95,51 +86,24 @@ def smoke_refusal(client, name: str, image, reports_dir: Path) -> str | None:
     return None
 
 
-# -- the registry's HTTP API ---------------------------------------------------------------------
+# -- the registry ------------------------------------------------------------------------------
 
-def _scheme(host: str) -> str:
-    # The daemon itself speaks plain HTTP to loopback registries (127.0.0.0/8 is insecure by
-    # default); anything else is HTTPS.
-    name = host[1:].partition("]")[0] if host.startswith("[") else host.partition(":")[0]
+def check_registry(host: str) -> None:
     try:
-        return "http" if name == "localhost" or ipaddress.ip_address(name).is_loopback else "https"
-    except ValueError:
-        return "https"
+        registry_api.check(host)
+    except registry_api.RegistryUnavailable as e:
+        raise RegistryUnavailable(f"cannot push to {e}") from None
 
 
-def _reason(error: Exception) -> str:
-    reason = getattr(error, "reason", error)
-    text = getattr(reason, "strerror", None) or str(reason)
-    return text.lower().removeprefix("[errno 111] ")
-
-
-def check_registry(host: str, timeout: float = 10) -> None:
-    """The registry answers its API root (200, or 401 for one that wants a login), or one line."""
-    url = f"{_scheme(host)}://{host}/v2/"
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url), timeout=timeout):
-            return
-    except urllib.error.HTTPError as e:
-        if e.code == 401:
-            return
-        raise RegistryUnavailable(f"cannot push to {host}: {url} answered {e.code} {e.reason} — is it a "
-                                  "Docker registry (distribution API v2)?") from None
-    except (urllib.error.URLError, OSError) as e:
-        raise RegistryUnavailable(f"cannot push to {host}: {_reason(e)} — is the registry running?") from None
-
-
-def remote_digest(host: str, name: str, tag: str, timeout: float = 10) -> str | None:
+def remote_digest(host: str, name: str, tag: str) -> str | None:
     """The digest the registry holds for name:tag, or None when it holds none or will not say
     (a registry that wants a login: then the push itself decides)."""
-    req = urllib.request.Request(f"{_scheme(host)}://{host}/v2/{name}/manifests/{tag}", method="HEAD",
-                                 headers={"Accept": MANIFEST_TYPES})
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.headers.get("Docker-Content-Digest")
-    except urllib.error.HTTPError:
+        return registry_api.manifest_digest(host, name, tag)
+    except registry_api.RegistryUnavailable as e:
+        raise RegistryUnavailable(f"cannot push to {e}") from None
+    except registry_api.RegistryError:
         return None
-    except (urllib.error.URLError, OSError) as e:
-        raise RegistryUnavailable(f"cannot push to {host}: {_reason(e)} — is the registry running?") from None
 
 
 # -- pushing -------------------------------------------------------------------------------------

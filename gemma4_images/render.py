@@ -37,6 +37,7 @@ def render_all(matrix: Matrix) -> dict[str, str]:
             build_args=[a for a in BUILD_FACTS.values() if a != "GEMMA4_TARGET"],
             labels=BUILD_FACTS,
             tokenizer_path=TOKENIZER_PATH,
+            audio=any(t.audio for t in targets),
         )
         stage1 = [t.stage1 for t in targets if t.stage1]
         if stage1:

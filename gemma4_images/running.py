@@ -39,6 +39,14 @@ def describe(image) -> dict:
     }
 
 
+def python_of(client, image: str) -> dict:
+    """The base's Python as pip needs it to choose wheels: version, machine and glibc."""
+    script = ("import json, platform, sys; print(json.dumps({'python': '%d.%d' % sys.version_info[:2], "
+              "'machine': platform.machine(), 'glibc': platform.libc_ver()[1]}))")
+    out = client.containers.run(image, ["-c", script], entrypoint=["python3"], remove=True, network_mode="host")
+    return json.loads(out.decode().strip().splitlines()[-1])
+
+
 def read_file(client, image: str, path: str) -> str:
     out = client.containers.run(image, entrypoint=["cat", path], remove=True, network_mode="host")
     return out.decode()

@@ -2,10 +2,12 @@
 the way the recipe promises. Used by `build.py smoke` and by the test suite."""
 from __future__ import annotations
 
+import base64
 import glob
 import json
 import os
 import re
+import shlex
 import socket
 import time
 import urllib.error
@@ -20,7 +22,7 @@ os.environ.setdefault("TC_HOST", "127.0.0.1")
 
 from testcontainers.core.container import DockerContainer  # noqa: E402
 
-from .entrypoint import BUILD_FACTS  # noqa: E402
+from .entrypoint import BUILD_FACTS, gemma4_serve  # noqa: E402
 from .matrix import Matrix  # noqa: E402
 
 MODEL_MOUNT = "/models"
@@ -159,8 +161,10 @@ def run_kwargs(run_flags: list[str]) -> dict:
 class Checks:
     """Each method is one check; it raises CheckFailed with what was expected and what came back."""
 
-    def __init__(self, url: str, model: str):
+    def __init__(self, url: str, model: str, launch: list[str] = ()):
         self.url, self.model = url, model
+        # Which modalities the launch accepts (vLLM's default when --limit-mm-per-prompt omits one).
+        self.limits = gemma4_serve.mm_limits(list(launch))
 
     def post(self, path, body=None, raw=None):
         return http("POST", self.url + path, body, raw)
@@ -244,6 +248,31 @@ class Checks:
         expect(status == 200 and (message.get("reasoning") or message.get("reasoning_content"))
                and message.get("content"), "reasoning and content separated", message)
 
+    def image_input(self):
+        url = "data:image/png;base64," + base64.b64encode(gemma4_serve.test_png(32)).decode()
+        return self._media("image", [{"type": "image_url", "image_url": {"url": url}}])
+
+    def audio_input(self):
+        # 44.1 kHz, so the server must also resample to Gemma 4's 16 kHz; both ways clients send it.
+        wav = base64.b64encode(gemma4_serve.test_wav()).decode()
+        for part in ({"type": "input_audio", "input_audio": {"data": wav, "format": "wav"}},
+                     {"type": "audio_url", "audio_url": {"url": "data:audio/wav;base64," + wav}}):
+            detail = self._media("audio", [part])
+        return detail
+
+    def _media(self, modality: str, parts: list[dict]) -> str:
+        """200 where the launch accepts the modality, a 4xx where it does not (never a 500)."""
+        status, body = self.post("/v1/chat/completions", {
+            "model": self.model, "max_tokens": 4,
+            "messages": [{"role": "user", "content": [*parts, {"type": "text", "text": "What is this?"}]}]})
+        if self.limits.get(modality, 1) != 0:
+            expect(status == 200, f"200 for an {modality} request (the launch accepts {modality})", f"{status} {body}")
+        else:
+            expect(400 <= status < 500, f"a 4xx for an {modality} request (the launch refuses {modality})",
+                   f"{status} {body}")
+        self.good_request_still_works()
+        return f"{status} ({'accepted' if status == 200 else 'refused'} as the launch says)"
+
     def bad_requests(self):
         cases = [("malformed JSON body", None, b"{not json"),
                  ("unknown model", {**self.chat_body(), "model": "no-such-model"}, None),
@@ -274,13 +303,24 @@ def image_facts(client, matrix: Matrix, target: str, image: str) -> None:
     return f"{len(fixes)} fixes recorded" if fixes else "no fixes pack for this target"
 
 
+LOG_PROBLEM = re.compile(r"\bERROR\b|Traceback \(most recent call last\)")
+
+
+def startup_log(lines: list[str]) -> str:
+    """The server's start-up log (to its first healthy answer) has no ERROR line and no traceback:
+    either is a defect even when /health answers."""
+    bad = [line.strip() for line in lines if LOG_PROBLEM.search(line)]
+    expect(not bad, "no ERROR or traceback in the start-up log", f"{len(bad)} line(s): " + " | ".join(bad[:3]))
+    return f"{len(lines)} lines, none an ERROR or traceback"
+
+
 def planned_checks(matrix: Matrix, target: str, launch: list[str], random_weights: bool) -> list[tuple[str, str | None]]:
     """(check, reason to skip or None) for this target's launch."""
     t = matrix.targets[target]
     parser = "--tool-call-parser" in launch
     grammar_fix = "gemma4-required-tool-grammar" in t.opt_in_fixes
     return [
-        ("ready", None), ("image_facts", None), ("chat", None), ("chat_stream", None),
+        ("ready", None), ("startup_log", None), ("image_facts", None), ("chat", None), ("chat_stream", None),
         ("completion", None), ("chat_single_bos", None),
         ("raw_prompt_bos", None if t.bos_tokenizer else "this target does not bake the BOS tokenizer"),
         ("tools_forced", None if parser and grammar_fix else
@@ -289,6 +329,7 @@ def planned_checks(matrix: Matrix, target: str, launch: list[str], random_weight
          else "no --kv-sharing-fast-prefill in the launch"),
         ("reasoning", "random-weight model cannot reason" if random_weights else
          None if "--reasoning-parser" in launch else "no reasoning parser in the launch"),
+        ("image_input", None), ("audio_input", None),
         ("bad_requests", None),
     ]
 
@@ -357,17 +398,19 @@ def run_smoke(client, matrix: Matrix, target: str, image: str | None = None, mod
         except CheckFailed as e:
             report.checks.append(Check("ready", "fail", str(e)))
             return report
+        started = b"".join(container.get_logs()).decode(errors="replace").splitlines()
         # What the container runs: the recipe's launch as the entrypoint composes it, plus ours.
-        launch = container.exec(["gemma4-serve", "--print-command", *args]).output.decode().split()
-        checks = Checks(url, served)
+        launch = shlex.split(container.exec(["gemma4-serve", "--print-command", *args]).output.decode())
+        checks = Checks(url, served, launch)
+        special = {"image_facts": lambda: image_facts(client, matrix, target, image),
+                   "startup_log": lambda: startup_log(started)}
         for name, skip in planned_checks(matrix, target, launch, random_weights):
             if skip:
                 report.checks.append(Check(name, "skip", skip))
                 continue
             start = time.monotonic()
             try:
-                detail = image_facts(client, matrix, target, image) if name == "image_facts" \
-                    else getattr(checks, name)()
+                detail = special[name]() if name in special else getattr(checks, name)()
                 check = Check(name, "pass", detail or "")
             except (CheckFailed, OSError, KeyError, ValueError) as e:
                 check = Check(name, "fail", f"{type(e).__name__}: {e}" if not isinstance(e, CheckFailed) else str(e))

@@ -11,16 +11,21 @@ Chosen at `docker run` time, without rebuilding:
                    +spec_decoding,-reasoning   edits them;  none  turns all off
   GEMMA4_MODEL     a hub id or a path inside the container, instead of the variant's model
 Own options (removed before the launch): --print-command, --self-check, --healthcheck, --ready,
---write-build-info PATH.
+--write-build-info PATH (and --probe PLAN, the self-check's child).
 """
 from __future__ import annotations
 
+import io
 import json
+import math
 import os
 import shlex
 import shutil
+import struct
 import sys
 import urllib.request
+import wave
+import zlib
 from importlib import metadata
 
 RECIPE_FILE = "/etc/gemma4-e2b/recipe.json"
@@ -112,7 +117,49 @@ def compose(recipe: dict, env: dict, user_args: list[str]) -> list[str]:
         cmd += recipe["features"][name]
     if recipe.get("tokenizer"):
         cmd += ["--tokenizer", recipe["tokenizer"]]
-    return cmd + list(user_args)
+    cmd += list(user_args)
+    return cmd if recipe["audio"] else refuse_audio(recipe, cmd)
+
+
+MM_LIMIT = "--limit-mm-per-prompt"
+
+
+def mm_limits(cmd: list[str]) -> dict:
+    """The per-prompt modality limits vLLM will use for cmd. vLLM keeps the last JSON value, but
+    merges every dotted form (--limit-mm-per-prompt.audio 0) into one value that it places after
+    all other arguments (vllm/utils/argparse_utils.py), so any dotted form replaces the JSON one."""
+    json_value, dotted = {}, {}
+    for i, arg in enumerate(cmd):
+        flag, eq, inline = arg.partition("=")
+        value = inline if eq else (cmd[i + 1] if i + 1 < len(cmd) else "")
+        if flag == MM_LIMIT:
+            json_value = json.loads(value)
+        elif flag.startswith(MM_LIMIT + "."):
+            dotted[flag[len(MM_LIMIT) + 1:]] = json.loads(value)
+    return dotted or json_value
+
+
+def refuse_audio(recipe: dict, cmd: list[str]) -> list[str]:
+    """cmd with audio limited to 0 per prompt, for images built without the audio extras: a client
+    then gets vLLM's 4xx for an audio request instead of a 500 from a missing decoder."""
+    try:
+        limits = mm_limits(cmd)
+    except ValueError as e:
+        raise UsageError(f"{MM_LIMIT}: not valid JSON ({e})") from None
+    if limits.get("audio", 1) == 0:
+        return cmd
+    if "audio" in limits:
+        raise UsageError(f"{MM_LIMIT} allows audio, but this image has no audio extras (targets.yaml: "
+                         f"audio: false for {recipe['target']}): audio requests cannot be served here")
+    if any(a.startswith(MM_LIMIT + ".") for a in cmd):
+        return cmd + [MM_LIMIT + ".audio", "0"]
+    # The last JSON value is the one vLLM uses: set audio 0 in it rather than add a duplicate flag.
+    for i in range(len(cmd) - 1, -1, -1):
+        flag, eq, _ = cmd[i].partition("=")
+        if flag == MM_LIMIT:
+            value = json.dumps({**limits, "audio": 0})
+            return cmd[:i] + ([f"{MM_LIMIT}={value}"] if eq else [MM_LIMIT, value]) + cmd[i + 2 - bool(eq):]
+    return cmd + [MM_LIMIT, json.dumps({"audio": 0})]
 
 
 def guard_warnings(recipe: dict, env: dict, user_args: list[str]) -> list[str]:
@@ -173,7 +220,151 @@ def installed_vllm() -> tuple[str, str] | None:
     return None
 
 
-def self_check(recipe: dict) -> list[str]:
+# -- build-time capability probes: what the launch needs from the base, proven by using it ----------
+
+def test_png(size: int = 8) -> bytes:
+    """A small red PNG, made with the standard library (the probes and the smoke tier send it)."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    raw = b"".join(b"\x00" + bytes([200, 30, 30]) * size for _ in range(size))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", size, size, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+
+
+def test_wav(rate: int = 44100, seconds: float = 0.5) -> bytes:
+    """A mono 16-bit sine WAV. 44.1 kHz by default: Gemma 4's audio path then has to resample to
+    its feature extractor's 16 kHz, as it does for most real recordings."""
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(b"".join(struct.pack("<h", int(8000 * math.sin(2 * math.pi * 440 * i / rate)))
+                               for i in range(int(rate * seconds))))
+    return buf.getvalue()
+
+
+def _probe_cuda(_):
+    import torch
+    return torch.version.cuda or ""
+
+
+def _probe_transformers(_):
+    from transformers import Gemma4Config, Gemma4ForConditionalGeneration, Gemma4Processor  # noqa: F401
+
+
+def _probe_tool_parser(name):
+    from vllm.tool_parsers import ToolParserManager
+    ToolParserManager.get_tool_parser(name)
+
+
+def _probe_reasoning_parser(name):
+    from vllm.reasoning import ReasoningParserManager
+    ReasoningParserManager.get_reasoning_parser(name)
+
+
+def _probe_image(_):
+    from vllm.multimodal.media import ImageMediaIO
+    ImageMediaIO().load_bytes(test_png())
+
+
+def _probe_audio(_):
+    # vLLM's own decoder, then the resampler Gemma 4's data parser uses (torchaudio, to 16 kHz).
+    from vllm.multimodal.audio import AudioResampler
+    from vllm.multimodal.media import AudioMediaIO
+    samples, rate = AudioMediaIO().load_bytes(test_wav())
+    AudioResampler(target_sr=16000, method="torchaudio").resample(samples, orig_sr=rate)
+
+
+PROBES = {"cuda": _probe_cuda, "transformers": _probe_transformers, "tool_parser": _probe_tool_parser,
+          "reasoning_parser": _probe_reasoning_parser, "image": _probe_image, "audio": _probe_audio}
+
+
+def probe(plan: list) -> dict:
+    """Run each probe of plan in this interpreter, each in its own try so that one missing piece
+    cannot hide another; {probe: {"ok", "value" | "error"}}."""
+    out = {}
+    for name, arg in plan:
+        try:
+            out[name] = {"ok": True, "value": PROBES[name.split(":")[0]](arg)}
+        except BaseException as e:  # an import can fail in any way; report it as one line
+            first = str(e).splitlines()[0] if str(e) else ""
+            out[name] = {"ok": False, "error": f"{type(e).__name__}: {first}"}
+    return out
+
+
+def probe_plan(recipe: dict) -> list[tuple[str, str | None]]:
+    """(probe, argument) for what this recipe's launch and selectable features need."""
+    plan = [("transformers", None), ("image", None)]
+    for flags in [recipe["args"], *recipe["features"].values()]:
+        for flag, probe in (("--tool-call-parser", "tool_parser"), ("--reasoning-parser", "reasoning_parser")):
+            name = flag_value(flags, flag)
+            if name and (f"{probe}:{name}", name) not in plan:
+                plan.append((f"{probe}:{name}", name))
+    if recipe["audio"]:
+        plan.append(("audio", None))
+    if recipe.get("cuda"):
+        plan.append(("cuda", None))
+    return plan
+
+
+def run_probes(plan: list) -> dict:
+    """probe(plan) in a fresh interpreter (this file, `--probe`): vLLM's imports stay out of the
+    entrypoint's own process."""
+    import subprocess
+    run = subprocess.run([sys.executable, os.path.abspath(__file__), "--probe", json.dumps(plan)],
+                         capture_output=True, text=True, timeout=900)
+    try:
+        return json.loads(run.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        tail = (run.stderr.strip().splitlines() or ["no output"])[-1]
+        return {name: {"ok": False, "error": f"the probe interpreter died ({run.returncode}): {tail}"}
+                for name, _ in plan}
+
+
+def capability_problems(recipe: dict, results: dict) -> list[str]:
+    """One line per thing the base cannot do, naming the target and the switch that changes it."""
+    target, problems = recipe["target"], []
+    for name, result in results.items():
+        kind, _, arg = name.partition(":")
+        if kind == "cuda":
+            if result["ok"] and result["value"] != recipe["cuda"]:
+                problems.append(cuda_mismatch(recipe, result["value"]))
+            elif not result["ok"]:
+                problems.append(f"{target}: cannot read the base's CUDA runtime ({result['error']}); "
+                                f"{target} expects CUDA {recipe['cuda']}")
+            continue
+        if result["ok"]:
+            continue
+        error = result["error"]
+        problems.append({
+            "transformers": f"{target}: transformers in the base lacks the Gemma 4 classes ({error}); "
+                            "use a base whose transformers has Gemma4ForConditionalGeneration (5.x)",
+            "image": f"{target}: the base cannot decode images with vLLM's loader ({error}); build on a "
+                     f"base that can, or add text_only to {target}'s serve.default_features in targets.yaml",
+            "audio": f"{target}: the base cannot decode and resample audio with vLLM's loader ({error}); "
+                     f"the audio extras must install (audio_extras in targets.yaml), or set audio: false "
+                     f"for {target} to build an image whose launch refuses audio",
+            "tool_parser": f"{target}: vLLM in the base has no tool-call parser {arg!r} ({error}); the "
+                           f"tool_calling feature needs it: use a base that has it, or list tool_calling "
+                           f"under {target}'s serve.unsupported_features",
+            "reasoning_parser": f"{target}: vLLM in the base has no reasoning parser {arg!r} ({error}); "
+                                f"the reasoning feature needs it: use a base that has it, or list "
+                                f"reasoning under {target}'s serve.unsupported_features",
+        }[kind])
+    return problems
+
+
+def cuda_mismatch(recipe: dict, found: str) -> str:
+    target, want, bases = recipe["target"], recipe["cuda"], recipe["cuda_bases"]
+    line = (f"{target}: the base's torch is built for {'CUDA ' + found if found else 'no CUDA'}, "
+            f"{target} expects CUDA {want}: build on {bases.get(want, 'a CUDA ' + want + ' base')}")
+    if found in bases:
+        line += f" ({bases[found]} is the CUDA {found} build)"
+    return line
+
+
+def self_check(recipe: dict, probes: bool = True) -> list[str]:
     """Build-time proof that this base can serve the recipe; returns the problems found."""
     problems = [f"{m}: file not found in the image (cwd {os.getcwd()})" for m in missing_files(recipe)]
     found = installed_vllm()
@@ -186,6 +377,8 @@ def self_check(recipe: dict) -> list[str]:
                         "use a base with that version or change vllm_version in targets.yaml")
     if shutil.which(recipe["command"][0]) is None:
         problems.append(f"{recipe['command'][0]!r} is not on PATH")
+    if probes and found is not None:
+        problems += capability_problems(recipe, run_probes(probe_plan(recipe)))
     return problems
 
 
@@ -252,6 +445,9 @@ def ready(recipe: dict) -> int:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--probe"]:  # run_probes' child
+        print(json.dumps(probe(json.loads(argv[1]))))
+        return 0
     own = {"--print-command", "--self-check", "--healthcheck", "--ready"}
     modes = [a for a in argv if a in own]
     args = [a for a in argv if a not in own]

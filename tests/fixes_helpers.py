@@ -68,8 +68,8 @@ def cache_root() -> Path:
 
 
 def vllm_wheel() -> Path:
-    from gemma4_images import localbase
-    return localbase.wheel("vllm==0.30.0")
+    from gemma4_images import wheels
+    return wheels.wheel("vllm==0.30.0")
 
 
 def record_sha256(whl: zipfile.ZipFile, path: str) -> str:
@@ -93,10 +93,10 @@ def extract_upstream(dest: Path, paths=FILES) -> dict[str, str]:
 
 def xgrammar_021(dest: Path) -> Path | None:
     """xgrammar 0.2.1 unpacked (importable from dest), or None if PyPI cannot be reached."""
-    from gemma4_images import localbase
+    from gemma4_images import wheels
     try:
-        whl = localbase.wheel("xgrammar==0.2.1")
-    except localbase.LocalBaseError:
+        whl = wheels.wheel("xgrammar==0.2.1")
+    except wheels.WheelsError:
         return None
     with zipfile.ZipFile(whl) as z:
         z.extractall(dest)

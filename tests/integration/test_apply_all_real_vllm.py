@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gemma4_images import localbase
+from gemma4_images import wheels
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +29,7 @@ REAL_COMMIT = "__commit_id__ = commit_id = 'gced6857af'"
 
 @pytest.fixture(scope="module")
 def wheel():
-    return localbase.wheel("vllm==0.30.0")
+    return wheels.wheel("vllm==0.30.0")
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """Build each family's real rendered Dockerfile on a stand-in base (vendor bases cannot be pulled
-here) and check what users rely on: labels, build.json, HEALTHCHECK and the exact launch."""
+here: the real CPU base, reporting the expected CUDA runtime for the CUDA targets) and check what
+users rely on: labels, build.json, HEALTHCHECK, the exact launch and the build's capability check."""
 import shlex
 
 import pytest
@@ -14,13 +15,15 @@ ONE_PER_FAMILY = ["h100", "b300", "mi355x", "ironwood", "xeon6"]  # gaudi2: test
 
 
 @pytest.fixture(scope="module")
-def built(client, m, standin_real):
-    base = standin_real
-    tags = {}
+def built(client, m, cpu_base, cuda_standin):
+    bases, tags = {}, {}
     for name in ONE_PER_FAMILY:
-        tags[name] = images.build_target(client, m, name, base_override=base, tokenizer_source=str(tiny_model.ensure()),
+        cuda = m.targets[name].base.cuda
+        bases[name] = cuda_standin(cuda) if cuda else cpu_base
+        tags[name] = images.build_target(client, m, name, base_override=bases[name],
+                                         tokenizer_source=str(tiny_model.ensure()),
                                          tag=f"gemma4-e2b-test/{name}:standin", log=print)
-    return base, tags
+    return bases, tags
 
 
 @pytest.mark.parametrize("name", ONE_PER_FAMILY)
@@ -31,13 +34,13 @@ def test_print_command_in_image_is_the_recipe_launch(client, m, built, name):
 
 @pytest.mark.parametrize("name", ONE_PER_FAMILY)
 def test_labels_and_build_json_agree_with_targets_yaml(client, m, built, name):
-    base, tags = built
+    bases, tags = built
     image = client.images.get(tags[name])
     labels = image.labels
     assert labels["io.gemma4-images.target"] == name
     assert labels["io.gemma4-images.vllm-version"] == m.project.vllm_version
-    assert labels["org.opencontainers.image.base.name"] == base
-    assert labels["org.opencontainers.image.base.digest"] == client.images.get(base).id
+    assert labels["org.opencontainers.image.base.name"] == bases[name]
+    assert labels["org.opencontainers.image.base.digest"] == client.images.get(bases[name]).id
     assert labels["org.opencontainers.image.version"] == m.tag(name).split(":")[1]
     assert labels["org.opencontainers.image.revision"] == images.revision()
     assert labels["org.opencontainers.image.created"] == images.created()

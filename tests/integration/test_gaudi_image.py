@@ -1,5 +1,6 @@
-"""The real Dockerfile.gaudi (stage 2) on a stand-in base: vLLM 0.30.0's real files plus a
-vllm-gaudi synthesised from the fixes pack (gaudi_standin.py). It proves the pipeline: the
+"""The real Dockerfile.gaudi (stage 2) on a stand-in base: the real CPU base (vLLM 0.30.0's files
+and what the build's self-check imports) plus a vllm-gaudi synthesised from the fixes pack
+(gaudi_standin.py). It proves the pipeline: the
 profile's version guard, the pack applied in order, fixes.json, labels, the baked tokenizer and
 the recipe's exact launch — not the fixes' behaviour on HPU."""
 import json
@@ -19,13 +20,13 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def gaudi_base(client, standin_real):
+def gaudi_base(client, cpu_base):
     def make(version):
         tag = f"gemma4-e2b-standin/vllm-gaudi-synth:{version.replace('+', '-')}"
         with tempfile.TemporaryDirectory() as ctx:
             gaudi_standin.write_context(Path(ctx), version)
             build(client, BuildSpec(dockerfile="Dockerfile", tag=tag, context=Path(ctx),
-                                    buildargs={"BASE": standin_real}), print)
+                                    buildargs={"BASE": cpu_base}), print)
         return tag
     return make
 

@@ -24,8 +24,8 @@ def build_steps(client, m, base, context):
     return steps, cached
 
 
-def test_a_patch_edit_rebuilds_only_from_the_fixes_layer(client, standin_real, tmp_path):
-    base = standin_real
+def test_a_patch_edit_rebuilds_only_from_the_fixes_layer(client, cpu_base, tmp_path):
+    base = cpu_base
     context = tmp_path / "ctx"
     context.mkdir()
     for item in ["image", "patches", ".dockerignore", *[p.name for p in matrix.ROOT.glob("Dockerfile.*")]]:

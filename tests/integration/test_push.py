@@ -1,12 +1,8 @@
-"""Push to a real registry on this machine: Debian's docker-registry (the distribution registry
-2.8), started here with its own config on a free loopback port and stopped after. The daemon
-treats 127.0.0.0/8 as an insecure registry by default, so no daemon setting is needed."""
+"""Push to a real registry on this machine (local_registry.py: Debian's docker-registry on a free
+loopback port)."""
 import json
-import shutil
-import subprocess
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -15,6 +11,7 @@ from docker.errors import ImageNotFound
 from gemma4_images import publish
 from gemma4_images.docker_build import BuildSpec, build
 from gemma4_images.smoke import Check, Report, free_port
+from local_registry import start_registry, stop_registry
 
 pytestmark = pytest.mark.integration
 TEST_IMAGE = "gemma4-e2b-test/push:roundtrip"
@@ -26,36 +23,6 @@ FROM ${{BASE}}
 RUN echo "pushed and pulled back" > /gemma4-push-probe
 LABEL io.gemma4-images.test="push round trip" org.opencontainers.image.revision="{REVISION}"
 """
-
-
-def start_registry(root: Path, readonly: bool = False):
-    """docker-registry serving on 127.0.0.1:<free port> from root; returns (process, host)."""
-    exe = shutil.which("docker-registry")
-    if exe is None:
-        pytest.fail("docker-registry is not installed: `apt-get install docker-registry` (scripts/setup-host.sh)")
-    port = free_port()
-    maintenance = "\n  maintenance:\n    readonly:\n      enabled: true" if readonly else ""
-    config = root / "config.yml"
-    config.write_text(f"version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n"
-                      f"    rootdirectory: {root / 'data'}{maintenance}\nhttp:\n  addr: 127.0.0.1:{port}\n")
-    log = open(root / "registry.log", "w")
-    proc = subprocess.Popen([exe, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
-    host = f"127.0.0.1:{port}"
-    for _ in range(100):
-        try:
-            urllib.request.urlopen(f"http://{host}/v2/", timeout=1)
-            return proc, host
-        except OSError:
-            if proc.poll() is not None:
-                pytest.fail(f"docker-registry exited: {(root / 'registry.log').read_text()[-2000:]}")
-            time.sleep(0.1)
-    proc.terminate()
-    pytest.fail(f"docker-registry did not answer on {host} within 10 s")
-
-
-def stop_registry(proc):
-    proc.terminate()
-    proc.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,8 @@
 """The real CPU tier: the CPU image serves a tiny random-weight Gemma 4 (the real architecture
 class, made here) through the same `build.py smoke` path users run."""
 import json
+import shlex
+import shutil
 import subprocess
 import sys
 
@@ -21,8 +23,8 @@ def test_cpu_smoke_tier_passes(cpu_image, tmp_path, no_new_containers):
     assert r.returncode == 0, r.stdout + r.stderr
     report = json.loads(report_path.read_text())
     status = {c["name"]: c["status"] for c in report["checks"]}
-    must_pass = ["ready", "image_facts", "chat", "chat_stream", "completion", "chat_single_bos",
-                 "raw_prompt_bos", "prompt_logprobs_rejected", "bad_requests"]
+    must_pass = ["ready", "startup_log", "image_facts", "chat", "chat_stream", "completion", "chat_single_bos",
+                 "raw_prompt_bos", "prompt_logprobs_rejected", "image_input", "audio_input", "bad_requests"]
     assert {name: status[name] for name in must_pass} == {name: "pass" for name in must_pass}
     assert status["reasoning"] == "skip"          # random weights cannot reason
     assert report["seconds_to_healthy"] > 0
@@ -39,34 +41,67 @@ def test_a_server_that_never_starts_fails_with_its_log_and_leaves_nothing(cpu_im
 
 
 @pytest.fixture(scope="module")
-def plain_server(client, m, cpu_image):
-    """The CPU image without its fixes pack, serving the tiny model with the model's own tokenizer
-    (the user's --tokenizer wins over the baked copy): the checks of those fixes must fail here."""
+def plain_server(client, m, cpu_image, tmp_path_factory):
+    """A deliberately broken server, for the checks to fail on: the CPU image without its fixes
+    pack; the model's own tokenizer files instead of the BOS copy, without the config.json beside
+    them (as the BOS copy was before it carried one); and its recipe switched to audio: false."""
     image = images.build_target(client, m, "cpu", tokenizer_source=str(tiny_model.ensure()),
                                 tag="gemma4-e2b-test/xeon6:unfixed", log=print,
                                 extra_args={"GEMMA4_FIXES_PROFILE": "", "GEMMA4_FIXES": ""})
     model = tiny_model.ensure()
+    scratch = tmp_path_factory.mktemp("plain")
+    tokenizer = scratch / "tokenizer"
+    tokenizer.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
+        shutil.copy(model / name, tokenizer / name)
+    recipe = scratch / "recipe.json"
+    recipe.write_text(json.dumps({**m.recipe("xeon6"), "audio": False}))
+    for path in (scratch, tokenizer, *tokenizer.iterdir(), recipe):
+        path.chmod(0o755 if path.is_dir() else 0o644)   # the server runs as uid 2000
     port = smoke.free_port()
-    container, served, _ = smoke._container(m, "xeon6", image, str(model), port,
-                                            extra_args=["--tokenizer", f"{smoke.MODEL_MOUNT}/{model.name}"])
+    container, served, args = smoke._container(m, "xeon6", image, str(model), port,
+                                               extra_args=["--tokenizer", "/opt/plain/tokenizer"])
+    container.with_volume_mapping(str(scratch), "/opt/plain", "ro").with_env("GEMMA4_RECIPE", "/opt/plain/recipe.json")
     container.start()
     try:
         smoke._wait_healthy(container, f"http://127.0.0.1:{port}", 600)
-        yield smoke.Checks(f"http://127.0.0.1:{port}", served)
+        launch = shlex.split(container.exec(["gemma4-serve", "--print-command", *args]).output.decode())
+        log = b"".join(container.get_logs()).decode(errors="replace").splitlines()
+        yield smoke.Checks(f"http://127.0.0.1:{port}", served, launch), launch, log
     finally:
         container.stop()
 
 
 def test_raw_prompt_bos_check_fails_without_the_bos_tokenizer(plain_server):
+    checks, _, _ = plain_server
     # The tiny tokenizer mirrors the instruct tokenizer's flaw: no <bos> on raw prompts.
     with pytest.raises(smoke.CheckFailed, match="exactly one <bos>"):
-        plain_server.raw_prompt_bos()
-    plain_server.chat_single_bos()  # the chat template adds one, and only one
+        checks.raw_prompt_bos()
+    checks.chat_single_bos()  # the chat template adds one, and only one
 
 
 def test_forced_tool_call_check_fails_without_the_grammar_fix(plain_server):
+    checks, _, _ = plain_server
     with pytest.raises(smoke.CheckFailed, match="tool_calls"):
-        plain_server.tools_forced()
+        checks.tools_forced()
+
+
+def test_startup_log_check_fails_on_a_tokenizer_folder_without_its_config(plain_server):
+    # vLLM's get_tokenizer reads config.json beside the tokenizer; the BOS copy now carries it.
+    _, _, log = plain_server
+    with pytest.raises(smoke.CheckFailed, match=r"ERROR .*Error parsing config for /opt/plain/tokenizer"):
+        smoke.startup_log(log)
+
+
+def test_audio_switched_off_refuses_audio_with_a_4xx_and_still_serves_images(plain_server):
+    checks, launch, _ = plain_server
+    at = launch.index("--limit-mm-per-prompt")
+    assert json.loads(launch[at + 1]) == {"audio": 0}
+    assert checks.audio_input().startswith("400")
+    assert checks.image_input().startswith("200")
+    # The same answers fail the check where the launch is said to accept audio.
+    with pytest.raises(smoke.CheckFailed, match="200 for an audio request"):
+        smoke.Checks(checks.url, checks.model, launch[:at] + launch[at + 2:]).audio_input()
 
 
 def test_a_missing_image_is_one_clear_line(tmp_path):

@@ -8,7 +8,7 @@ import subprocess
 import hcl2
 import pytest
 
-from gemma4_images import bake, images, matrix, render
+from gemma4_images import bake, images, matrix, render, wheels
 from gemma4_images.entrypoint import BUILD_FACTS
 
 ROOT = matrix.ROOT
@@ -60,7 +60,9 @@ def test_shared_settings_live_in_the_abstract_target(parsed):
 
 def test_per_commit_facts_are_variables_with_defaults(m, parsed):
     variables = blocks(parsed, "variable")
-    assert variables == {"REVISION": {"default": "unknown"}, "CREATED": {"default": "1970-01-01T00:00:00Z"}}
+    assert variables == {"REVISION": {"default": "unknown"}, "CREATED": {"default": "1970-01-01T00:00:00Z"},
+                         # where build.py serves the audio extras' wheelhouse
+                         "WHEELS_URL": {"default": f"http://127.0.0.1:{wheels.WHEELHOUSE_PORT}/"}}
     for name in m.targets:
         args = blocks(parsed, "target")[f"gemma4-e2b-{name}"]["args"]
         assert args["GEMMA4_REVISION"] == "${REVISION}" and args["GEMMA4_CREATED"] == "${CREATED}"
@@ -88,6 +90,7 @@ def build_target_args(m, name, monkeypatch, tmp_path) -> dict[str, str]:
     monkeypatch.setattr(images, "resolve_base", lambda client, matrix_, n, override, log: t.base.ref)
     monkeypatch.setattr(images, "local_image", lambda client, ref: Base())
     monkeypatch.setattr(images, "build", lambda client, spec, log, verbose=False: seen.update(spec=spec))
+    monkeypatch.setattr(images, "audio_wheels", lambda client, matrix_, n, base, log: tmp_path if t.audio else None)
     images.build_target(None, m, name, log=lambda line: None, context=tmp_path)
     assert seen["spec"].dockerfile == render.dockerfile_name(t.family)
     return seen["spec"].buildargs
@@ -97,7 +100,9 @@ def build_target_args(m, name, monkeypatch, tmp_path) -> dict[str, str]:
 def test_args_are_what_build_target_passes(m, parsed, name, monkeypatch, tmp_path):
     expected = build_target_args(m, name, monkeypatch, tmp_path)
     args = blocks(parsed, "target")[f"gemma4-e2b-{name}"]["args"]
-    got = {k: hcl_value(v, {"REVISION": images.revision(), "CREATED": images.created()}) for k, v in args.items()}
+    variables = {"REVISION": images.revision(), "CREATED": images.created(),
+                 "WHEELS_URL": expected["GEMMA4_WHEELS_URL"]}
+    got = {k: hcl_value(v, variables) for k, v in args.items()}
     # The base's digest is read from the pulled base by build.py; bake has only targets.yaml's pin.
     assert got.pop("GEMMA4_BASE_DIGEST") == (m.targets[name].base.digest or "")
     expected.pop("GEMMA4_BASE_DIGEST")

@@ -119,3 +119,86 @@ def test_build_info_uses_the_label_table(tmp_path):
     assert set(data) == set(serve.BUILD_FACTS)
     assert data["io.gemma4-images.target"] == "h100"
     assert data["org.opencontainers.image.revision"] == "abc"
+
+
+# -- audio switched off, and the build's capability check ------------------------------------------
+
+def without_audio(m, name):
+    return {**m.recipe(name), "audio": False}
+
+
+def test_audio_off_limits_audio_to_zero_in_the_value_vllm_uses(m):
+    cmd = serve.compose(without_audio(m, "h100"), {}, [])
+    assert cmd[-2:] == ["--limit-mm-per-prompt", '{"audio": 0}']
+    assert serve.mm_limits(cmd) == {"audio": 0}
+    # text_only's value already refuses audio: nothing is added (gaudi2's launch stays the recipe's).
+    assert serve.compose(m.recipe("gaudi2"), {"GEMMA4_FEATURES": "-tool_calling"}, [])[-4:-2] == \
+        ["--limit-mm-per-prompt", '{"image":0,"audio":0,"video":0}']
+    # Without text_only the image keeps images and still refuses audio.
+    cmd = serve.compose(m.recipe("gaudi2"), {"GEMMA4_FEATURES": "-text_only"}, [])
+    assert serve.mm_limits(cmd) == {"audio": 0}
+
+
+def test_audio_off_edits_the_users_limit_in_place_and_follows_dotted_forms(m):
+    r = without_audio(m, "h100")
+    cmd = serve.compose(r, {}, ["--limit-mm-per-prompt", '{"image": 4}'])
+    assert cmd.count("--limit-mm-per-prompt") == 1 and serve.mm_limits(cmd) == {"image": 4, "audio": 0}
+    cmd = serve.compose(r, {}, ['--limit-mm-per-prompt={"image": 2}'])
+    assert serve.mm_limits(cmd) == {"image": 2, "audio": 0}
+    # vLLM merges dotted forms into one value placed after everything else: answer in kind.
+    cmd = serve.compose(r, {}, ["--limit-mm-per-prompt.image", "2"])
+    assert cmd[-2:] == ["--limit-mm-per-prompt.audio", "0"] and serve.mm_limits(cmd) == {"image": 2, "audio": 0}
+
+
+@pytest.mark.parametrize("args", [["--limit-mm-per-prompt", '{"image": 4, "audio": 1}'],
+                                  ["--limit-mm-per-prompt.audio", "1"]])
+def test_audio_off_refuses_a_launch_that_asks_for_audio(m, args):
+    with pytest.raises(serve.UsageError, match="no audio extras .*audio: false for h100"):
+        serve.compose(without_audio(m, "h100"), {}, args)
+
+
+def test_mm_limits_reads_what_vllm_keeps():
+    assert serve.mm_limits(["vllm", "serve"]) == {}
+    assert serve.mm_limits(["--limit-mm-per-prompt", '{"a": 1}', "--limit-mm-per-prompt", '{"b": 2}']) == {"b": 2}
+    # Dotted values replace the JSON one whatever the order (vLLM appends them last).
+    assert serve.mm_limits(["--limit-mm-per-prompt.audio", "0", "--limit-mm-per-prompt", '{"image": 1}']) == {"audio": 0}
+
+
+def test_probe_plan_follows_the_launch(m):
+    plan = dict(serve.probe_plan(m.recipe("h100")))
+    assert plan == {"transformers": None, "image": None, "tool_parser:gemma4": "gemma4",
+                    "reasoning_parser:gemma4": "gemma4", "audio": None, "cuda": None}
+    assert "audio" not in dict(serve.probe_plan(m.recipe("gaudi2")))      # audio: false
+    assert "cuda" not in dict(serve.probe_plan(m.recipe("mi300x")))
+
+
+def test_capability_problems_name_the_target_and_the_switch(m):
+    results = {"transformers": {"ok": True, "value": None},
+               "audio": {"ok": False, "error": "ModuleNotFoundError: No module named 'av'"},
+               "cuda": {"ok": True, "value": "13.0"}}
+    problems = serve.capability_problems(m.recipe("h200"), results)
+    assert problems == [
+        "h200: the base cannot decode and resample audio with vLLM's loader (ModuleNotFoundError: No module "
+        "named 'av'); the audio extras must install (audio_extras in targets.yaml), or set audio: false for "
+        "h200 to build an image whose launch refuses audio",
+        "h200: the base's torch is built for CUDA 13.0, h200 expects CUDA 12.9: build on "
+        "vllm/vllm-openai:v0.30.0-cu129 (vllm/vllm-openai:v0.30.0 is the CUDA 13.0 build)"]
+    assert serve.capability_problems(m.recipe("b300"), {"cuda": {"ok": True, "value": "13.0"}}) == []
+
+
+def test_probes_run_in_a_child_and_report_each_failure(m):
+    # On this host vLLM is not installed: the vLLM probes fail one by one, the rest still answer.
+    results = serve.run_probes([("transformers", None), ("tool_parser:gemma4", "gemma4"), ("cuda", None)])
+    assert results["transformers"] == {"ok": True, "value": None}
+    assert results["tool_parser:gemma4"] == {"ok": False, "error": "ModuleNotFoundError: No module named 'vllm'"}
+    assert results["cuda"] == {"ok": True, "value": ""}
+
+
+def test_test_media_decode_as_what_they_claim():
+    import io
+    import wave
+
+    from PIL import Image
+    assert Image.open(io.BytesIO(serve.test_png(32))).size == (32, 32)
+    with wave.open(io.BytesIO(serve.test_wav())) as w:
+        assert (w.getframerate(), w.getnchannels(), w.getnframes()) == (44100, 1, 22050)

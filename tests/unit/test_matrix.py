@@ -36,8 +36,11 @@ def test_every_recipe_target_is_present(real):
 def test_vllm_pinned_everywhere_with_release_tag_bases(real):
     assert real.project.vllm_version == "0.30.0"
     bases = {n: t.base.image for n, t in real.targets.items()}
-    assert bases["h100"] == bases["h200"] == "vllm/vllm-openai:v0.30.0"
-    assert bases["b200"] == bases["b300"] == "vllm/vllm-openai:v0.30.0-cu130"
+    # Since vLLM v0.20.0 the plain tag is the CUDA 13.0 build and -cu129 the CUDA 12.9 one.
+    assert bases["h100"] == bases["h200"] == "vllm/vllm-openai:v0.30.0-cu129"
+    assert bases["b200"] == bases["b300"] == "vllm/vllm-openai:v0.30.0"
+    assert {n: t.base.cuda for n, t in real.targets.items() if t.base.cuda} == \
+        {"h100": "12.9", "h200": "12.9", "b200": "13.0", "b300": "13.0"}
     assert bases["mi355x"] == "vllm/vllm-openai-rocm:v0.30.0"
     assert bases["xeon6"] == "vllm/vllm-openai-cpu:v0.30.0-x86_64"
     assert real.targets["gaudi2"].stage1.vllm_gaudi_commit == "058f107"

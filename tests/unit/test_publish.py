@@ -7,7 +7,7 @@ import time
 import pytest
 from docker.errors import ImageNotFound
 
-from gemma4_images import matrix, publish
+from gemma4_images import matrix, publish, registry
 from gemma4_images.smoke import Check, Report
 
 M = matrix.load()
@@ -74,7 +74,7 @@ def test_unknown_revision_is_refused():
                                           ("localhost:5000", "http"), ("[::1]:5000", "http"),
                                           ("ghcr.io", "https"), ("10.0.0.5:5000", "https")])
 def test_loopback_registries_speak_plain_http(host, scheme):
-    assert publish._scheme(host) == scheme
+    assert registry.scheme(host) == scheme
 
 
 # -- the smoke gate ------------------------------------------------------------------------------

@@ -1,0 +1,86 @@
+"""Python wheels downloaded on the build host and served to builds on 127.0.0.1: the only way
+packages reach an image here (pip inside a build cannot verify PyPI's TLS), and the air-gapped
+path for users (the host's pip configuration, mirrors and proxies apply)."""
+from __future__ import annotations
+
+import functools
+import hashlib
+import http.server
+import subprocess
+import sys
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+
+from .upstream import cache_dir
+
+# Fixed ports keep the build arg, and so the layer cache of a build, stable between runs.
+WHEELHOUSE_PORT = 38471
+
+
+class WheelsError(Exception):
+    pass
+
+
+def wheelhouse(requirements: list[str], python: str = "3.11", platforms: list[str] | None = None,
+               name: str | None = None) -> Path:
+    """Wheels for requirements and their dependencies, for CPython `python` on `platforms` (pip's
+    tags; default: this host's), downloaded once per machine into wheelhouse-<name or a hash>."""
+    key = hashlib.sha256("\n".join([*requirements, python, *(platforms or [])]).encode()).hexdigest()[:16]
+    dest = cache_dir() / f"wheelhouse-{name or key}"
+    done = dest / ".complete"
+    if not done.exists():
+        args = [a for p in platforms or [] for a in ("--platform", p)]
+        _pip_download(requirements, dest, "--python-version", python, *args)
+        done.write_text("\n".join(requirements) + "\n")
+    return dest
+
+
+def wheel(requirement: str) -> Path:
+    """The one wheel of requirement (no dependencies), downloaded once per machine."""
+    name, version = requirement.split("==")
+    dest = cache_dir() / "pip" / f"{name}-{version}"
+    pattern = f"{name.replace('-', '_')}-{version}-*.whl"
+    if not any(dest.glob(pattern)):
+        _pip_download([requirement], dest, "--python-version", "3.11", "--no-deps")
+    return sorted(dest.glob(pattern))[0]
+
+
+def manylinux_platforms(machine: str, glibc: str) -> list[str]:
+    """pip's platform tags for a Linux base with this glibc, newest first (PEP 600 and the legacy
+    aliases pip still accepts)."""
+    major, minor = (int(p) for p in glibc.split(".")[:2])
+    tags = [f"manylinux_{major}_{m}_{machine}" for m in range(minor, 16, -1)]
+    legacy = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
+    return tags + [f"{name}_{machine}" for m, name in legacy.items() if minor >= m]
+
+
+def _pip_download(requirements: list[str], dest: Path, *args: str) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    run = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:",
+                          "-d", str(dest), *requirements, *args], capture_output=True, text=True)
+    if run.returncode != 0:
+        errors = [line for line in run.stderr.splitlines() if not line.startswith("WARNING: Location")]
+        raise WheelsError(f"pip download {' '.join(requirements)} failed:\n" + "\n".join(errors[-10:]))
+
+
+@contextmanager
+def serve_directory(path: Path, port: int = WHEELHOUSE_PORT):
+    """An HTTP server for path on 127.0.0.1 (port, else a free one) while the block runs."""
+    handler = functools.partial(_QuietHandler, directory=str(path))
+    try:
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+    except OSError:
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass

@@ -1,0 +1,42 @@
+"""A real registry on this machine for tests: Debian's docker-registry (the distribution registry
+2.8), started with its own config on a free loopback port and stopped after. The daemon treats
+127.0.0.0/8 as an insecure registry by default, so no daemon setting is needed."""
+import shutil
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from gemma4_images.smoke import free_port
+
+
+def start_registry(root: Path, readonly: bool = False):
+    """docker-registry serving on 127.0.0.1:<free port> from root; returns (process, host)."""
+    exe = shutil.which("docker-registry")
+    if exe is None:
+        pytest.fail("docker-registry is not installed: `apt-get install docker-registry` (scripts/setup-host.sh)")
+    port = free_port()
+    maintenance = "\n  maintenance:\n    readonly:\n      enabled: true" if readonly else ""
+    config = root / "config.yml"
+    config.write_text(f"version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n"
+                      f"    rootdirectory: {root / 'data'}{maintenance}\nhttp:\n  addr: 127.0.0.1:{port}\n")
+    log = open(root / "registry.log", "w")
+    proc = subprocess.Popen([exe, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
+    host = f"127.0.0.1:{port}"
+    for _ in range(100):
+        try:
+            urllib.request.urlopen(f"http://{host}/v2/", timeout=1)
+            return proc, host
+        except OSError:
+            if proc.poll() is not None:
+                pytest.fail(f"docker-registry exited: {(root / 'registry.log').read_text()[-2000:]}")
+            time.sleep(0.1)
+    proc.terminate()
+    pytest.fail(f"docker-registry did not answer on {host} within 10 s")
+
+
+def stop_registry(proc):
+    proc.terminate()
+    proc.wait(timeout=10)
