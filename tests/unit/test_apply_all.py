@@ -300,6 +300,7 @@ def test_refusal_names_the_hunk_and_where_its_lines_now_are(env):
     assert (f"fix opt-a: {C}: hunk @@ -12,7 +12,8 @@: line 12: expected 'c_12 = 12\\n', found 'c_7 = 7\\n'; "
             "its lines now best match at line 17 (+5 from the stated line), 6 of 7 agree: line 18: "
             "expected 'c_13 = 13\\n', found 'c_13 = 13  # edited\\n'") in result.stderr
+    assert f"fix opt-a: {C} (sha256 {sha(moved)}) is not the file fix opt-a was written against" in result.stderr
     assert "  - or --force" not in result.stderr, "--force cannot apply a hunk that does not match"
 
 
