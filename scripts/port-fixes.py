@@ -107,8 +107,11 @@ def find_originals(wanted, bases, archives, tree=None, commits=()):
     git = git_reader(tree, commits) if tree else None
     if git:
         readers.append((f"git history of the new tree ({', '.join(commits)})", git))
-    for archive in sorted(glob.glob(os.path.join(archives, "*.tar.gz"))) if archives else []:
+    found_archives = sorted(glob.glob(os.path.join(archives, "*.tar.gz"))) if archives else []
+    for archive in found_archives:
         readers.append((os.path.basename(archive), archive_reader(archive, list(wanted))))
+    if archives and not found_archives:
+        readers.append((f"no *.tar.gz in {archives}", lambda path, want: None))
     found, missing = {}, []
     for path, want in sorted(wanted.items()):
         for where, read in readers:
@@ -504,7 +507,7 @@ def port(args):
     missing = [p for p in sorted(wanted) if not os.path.isfile(os.path.join(tree, p))]
     if missing:
         raise BadInput(f"{tree} has no {', '.join(missing)}, which the fixes edit: port them by hand")
-    commits = sorted({c for fix in fixes for c in re.findall(r"\b[0-9a-f]{7,40}\b", fix["written_against"])})
+    commits = sorted({c for fix in fixes for c in re.findall(r"\b[0-9a-f]{7,40}\b", aa.short_source(fix))})
     upstream = find_originals(wanted, args.base, args.archives, tree, commits)
     print(f"port-fixes: {len(fixes)} vllm_gaudi fixes of profile {prof['name']} ({args.pack}) -> {tree} ({label})")
     for path, (data, where) in upstream.items():
