@@ -247,7 +247,7 @@ def rebase(fixes, images, new_tree, label, accept_merge=False):
                 as_is, notes = None, ["does not apply as it is"]
             entry["state"] = "exact" if not notes and as_is == merged else "rebased"
             entry["moved"] = moved(hunks, aa.parse_diff(unified(path, pre, merged), path)[path]) \
-                if merged != pre else []
+                if merged != pre else "no change"
             entry["accepted"] = changed  # context changes taken with accept_merge
             current[path] = merged
         states = {f["state"] for f in files.values()}
@@ -257,10 +257,10 @@ def rebase(fixes, images, new_tree, label, accept_merge=False):
 
 
 def moved(old, new):
-    """How far each hunk moved (old-side start lines), when the merge kept the hunk count."""
-    if len(old) != len(new):
-        return [f"{len(old)} hunks became {len(new)}"]
-    return [f"{n.old_start - o.old_start:+d}" for o, n in zip(old, new)]
+    """How far each hunk moved (its start line), or how the merge regrouped them."""
+    if len(old) != len(new):  # diff -u joins hunks whose context overlaps, splits others
+        return f"{len(old)} hunks became {len(new)} (upstream changed the lines between them)"
+    return "hunks moved " + ", ".join(f"{n.old_start - o.old_start:+d}" for o, n in zip(old, new)) + " lines"
 
 
 # ---------------------------------------------------------------- writing the new pack
@@ -425,7 +425,7 @@ def print_report(results):
         print(f"  {STATES[r['state']]:<16} {r['fix']['name']}")
         for path, f in r["files"].items():
             if f["state"] == "rebased":
-                print(f"      {path}: hunks moved {', '.join(f['moved']) or 'nowhere'} lines")
+                print(f"      {path}: {f['moved']}")
             elif f["state"] == "blocked":
                 print(f"      {path}: not ported: {f['by']} conflicts in this file; resolve it first")
             for c in f.get("accepted", []):
