@@ -4,7 +4,7 @@ PY := .venv/bin/python
 PYTEST_ARGS ?= -m "not device"
 
 .DEFAULT_GOAL := help
-.PHONY: help host quickstart image images base render lint smoke check-fixes test list bench
+.PHONY: help host quickstart image images base render lint smoke check-fixes port-fixes test list bench
 
 help: ## Show targets and variables
 	@echo "usage: make <target> [HW=<hardware>]"
@@ -44,6 +44,10 @@ lint: host ## render --check, then hadolint every Dockerfile (each inline ignore
 check-fixes: host ## Apply the vllm-gaudi fixes to a checkout and run their tests: VLLM_GAUDI_SRC=DIR
 	@test -n "$(VLLM_GAUDI_SRC)" || { echo "usage: make check-fixes VLLM_GAUDI_SRC=/path/to/vllm-gaudi"; exit 2; }
 	scripts/check-fixes.sh "$(VLLM_GAUDI_SRC)"
+
+port-fixes: host ## Rebase the vllm-gaudi fixes onto another checkout (3-way merge), then test: VLLM_GAUDI_SRC=DIR
+	@test -n "$(VLLM_GAUDI_SRC)" || { echo "usage: make port-fixes VLLM_GAUDI_SRC=/path/to/vllm-gaudi [PYTHON=...] [PORT_ARGS='--out DIR --accept-merge --in-place']"; exit 2; }
+	$(PY) scripts/port-fixes.py "$(VLLM_GAUDI_SRC)" $(PORT_ARGS)
 
 smoke: host ## Smoke-test HW's built image (add SMOKE_ARGS="--tiny" for the tiny CPU model)
 	$(PY) build.py smoke $(HW) $(SMOKE_ARGS)

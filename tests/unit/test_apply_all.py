@@ -256,10 +256,93 @@ def test_unknown_commit_with_a_modified_file_is_refused(env):
     before = env.snapshot()
     result = env.run()
     assert result.returncode == 1
-    assert "vllm commit: expected ced6857a, found none" in result.stderr
-    assert f"{A} (sha256 {sha(BASE[A] + '# local change' + chr(10))})" in result.stderr
-    assert f"fix fix-one was written against (sha256 {sha(BASE[A])})" in result.stderr
+    assert "vllm has no commit id: checking the files its fixes touch by sha256" in result.stdout
+    assert "vllm commit: expected ced6857a, found none, and the sha256 of its files does not vouch for it" \
+        in result.stderr
+    assert (f"fix fix-one: {A} (sha256 {sha(BASE[A] + '# local change' + chr(10))}) is not the file fix fix-one "
+            f"was written against (synthetic test tree, sha256 {sha(BASE[A])})") in result.stderr
     assert env.snapshot() == before
+
+
+# ---------------------------------------------------------------- pre_sha256 and refusals
+def test_pre_sha256_is_checked_although_the_commit_matches(env):
+    # The profile's commits match, but upstream added a line above fix-two's first hunk: the
+    # diff would still apply at an offset, yet B is not the file fix-two was written against.
+    env.standard_fixes()
+    changed = "# upstream line\n" + BASE[B]
+    env.write(B, changed)
+    before = env.snapshot()
+    result = env.run()
+    assert result.returncode == 1 and env.snapshot() == before and not env.manifest.exists()
+    mismatch = (f"{B} (sha256 {sha(changed)}) is not the file fix fix-two was written against "
+                f"(synthetic test tree, sha256 {sha(BASE[B])})")
+    assert f"fix fix-two: {mismatch}" in result.stderr and "found none" not in result.stderr
+    # (one offset: the second hunk is where the first one's offset says)
+    assert "fix fix-two: its hunks still match this file, 1 at an offset: --force would apply it" in result.stderr
+    assert "fix fix-one" not in result.stderr, "fix-one's file is the one it was written against"
+    assert "  - or --force: applies them anyway" in result.stderr
+    forced = ok(env.run("--force"))
+    assert "WARNING" in forced.stderr and env.read(B) == edit(edit(changed, "b_5 = 5\n", "b_5 = 50\n"),
+                                                              "b_25 = 25\n", "b_25 = 250\n")
+    man = env.load_manifest()
+    assert man["forced"] is True and man["forced_over"] == [mismatch]
+    assert "already applied  fix-two" in ok(env.run("--force")).stdout
+    again = env.run()  # and a re-run without --force says the same as the first run
+    assert again.returncode == 1 and "fix fix-two: it is in this file already: --force accepts it" in again.stderr
+
+
+def test_refusal_names_the_hunk_and_where_its_lines_now_are(env):
+    env.standard_fixes()
+    moved = "".join(f"# upstream {i}\n" for i in range(5)) + edit(BASE[C], "c_13 = 13\n", "c_13 = 13  # edited\n")
+    env.write(C, moved)
+    result = env.run("opt-a")
+    assert result.returncode == 1
+    assert (f"fix opt-a: {C}: hunk @@ -12,7 +12,8 @@: line 12: expected 'c_12 = 12\\n', found 'c_7 = 7\\n'; "
+            "its lines now best match at line 17 (+5 from the stated line), 6 of 7 agree: line 18: "
+            "expected 'c_13 = 13\\n', found 'c_13 = 13  # edited\\n'") in result.stderr
+    assert f"fix opt-a: {C} (sha256 {sha(moved)}) is not the file fix opt-a was written against" in result.stderr
+    assert "  - or --force" not in result.stderr, "--force cannot apply a hunk that does not match"
+
+
+def test_a_later_hunk_is_judged_where_the_earlier_ones_moved(env):
+    env.standard_fixes()
+    env.write(B, "".join(f"# upstream {i}\n" for i in range(5)) + edit(BASE[B], "b_24 = 24\n", "b_24 = 24  # edited\n"))
+    result = env.run()
+    assert f"fix fix-two: {B}: hunk @@ -22,7 +22,7 @@: line 29: expected 'b_24 = 24\\n', found " \
+        "'b_24 = 24  # edited\\n'\n" in result.stderr
+
+
+def test_refusal_when_the_hunks_lines_are_gone(env):
+    env.standard_fixes()
+    env.write(B, "".join(f"other_{i} = {i}\n" for i in range(30)))
+    result = env.run()
+    assert result.returncode == 1
+    assert f"fix fix-two: {B}: hunk @@ -2,7 +2,7 @@: line 2: expected 'b_2 = 2\\n', found 'other_1 = 1\\n'; " \
+        "none of its lines is in the file" in result.stderr
+
+
+def test_refusal_of_a_vllm_gaudi_fix_says_how_to_port_the_pack(env):
+    env.standard_fixes()
+    env.write(B, "# upstream line\n" + BASE[B])
+    result = env.run()
+    assert "what to do:\n  - port the pack to this vllm-gaudi (0.30.0+g058f107, commit 058f107): on a build host, " \
+        "with a vllm-gaudi checkout of it, run make port-fixes VLLM_GAUDI_SRC=DIR" in result.stderr
+    assert f"  - or no other profile in {env.pack} fits what is installed" in result.stderr
+
+
+def test_refusals_name_the_profile_that_fits(env):
+    env.standard_fixes()
+    requires = {**REAL_V030["requires"], "vllm_gaudi": {"version": "0.26.0"}}
+    env.profile(["fix-one", "fix-two"], ["opt-a", "opt-b"], name="v0.26.0", requires=requires)
+    env.profile(["fix-one"], [], name="vllm-only", requires={"vllm": REAL_V030["requires"]["vllm"]})
+    env.set_versions(gaudi="0.26.0+gabcdef1")
+    result = env.run()  # the version guard refuses first
+    assert result.returncode == 1 and "vllm_gaudi version: expected 0.30.0, found 0.26.0+gabcdef1" in result.stderr
+    assert "use profile v0.26.0: its requirements fit what is installed" in result.stderr, \
+        "vllm-only fits vLLM but does not cover vllm_gaudi"
+    env.write(B, "# upstream line\n" + BASE[B])  # and the sha256 check, under the profile that fits
+    result = env.run(profile="v0.26.0")
+    assert result.returncode == 1 and "  - or no other profile in" in result.stderr
 
 
 # ---------------------------------------------------------------- selection
@@ -347,7 +430,7 @@ def test_ambiguous_offset_is_refused(env):
 def test_unique_offset_is_used_and_reported(env):
     env.standard_fixes()
     env.write(A, "# one line added upstream\n" + BASE[A])
-    out = ok(env.run("--force")).stdout  # --force: sha guard aside, the offset policy is under test
+    out = ok(env.run("--force")).stdout  # another file than fix-one's: only --force applies it
     assert f"{A}: hunk @@ -7,7 +7,7 @@ at offset +1 lines" in out
     assert env.read(A) == "# one line added upstream\n" + edit(BASE[A], "a_10 = 10\n", "a_10 = 100\n")
 
