@@ -1,51 +1,35 @@
-"""A STAND-IN for vllm-gaudi, synthesised from the fixes pack's own diffs: for every file the
-vllm_gaudi fixes touch, a file made only of the lines those diffs expect to find (each hunk's
-"before" side, separated by filler), so the pack applies to it in order. It proves the Gaudi
-image's pipeline (version guard, apply, manifest, labels), not the patches: their proof is in
+"""A STAND-IN for vllm-gaudi: the real upstream files its fixes were written against (main
+091bbadd, taken from the snapshots in ../shared/upstream by the pack's pre_sha256) and
+distribution metadata, nothing else. It proves the Gaudi image's pipeline (version guard,
+sha256 check, apply, manifest, labels), not the patches: their proof is in
 tests/unit/test_gaudi_fix_*.py against a real vllm-gaudi checkout."""
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import gaudi_fixes_helpers as helpers  # noqa: E402
+from gemma4_images.modules import load_file
+
+REPO = Path(__file__).resolve().parents[2]
 
 
-def synthesise() -> dict[str, str]:
-    """{site-packages path: text} such that every vllm_gaudi fix of profile v0.30.0 applies in order."""
-    applier = helpers.load_applier()
-    fixes = [applier.parse_diff(helpers.fix_diff(name), name) for name in helpers.gaudi_fixes()]
-    files: dict[str, list[str]] = {}
-    for index, fix in enumerate(fixes):
-        for path, hunks in fix.items():
-            original = files.setdefault(path, [])
-            current = original
-            for earlier in fixes[:index]:
-                if path in earlier:
-                    current, _ = applier.apply_hunks(current, earlier[path])
-            for hunk in hunks:
-                before = hunk.side(False)
-                if not any(current[i:i + len(before)] == before for i in range(len(current) - len(before) + 1)):
-                    filler = [f"# gemma4-images stand-in filler {len(original)}\n"]
-                    original += filler + before
-                    current = current + filler + before
-    return {path: "".join(lines) for path, lines in files.items()}
+def upstream_files() -> dict[str, bytes]:
+    """{site-packages path: bytes}: the upstream file of each path the vllm_gaudi fixes touch."""
+    return load_file("port_fixes", REPO / "scripts" / "port-fixes.py").upstream_files()
 
 
 DOCKERFILE = """\
 ARG BASE
 FROM ${BASE}
-# STAND-IN for vllm-gaudi {version} and Gaudi SW {gaudi_sw}: distribution metadata plus the files
-# synthesised from the fixes pack (see tests/integration/gaudi_standin.py); nothing here runs on HPU.
+# STAND-IN for vllm-gaudi {version} and Gaudi SW {gaudi_sw}: distribution metadata plus the upstream
+# files the fixes pack was written against (tests/integration/gaudi_standin.py); nothing here runs on HPU.
 COPY site-packages/ /opt/venv/lib/python3.11/site-packages/
-LABEL io.gemma4-images.stand-in="vllm-gaudi {version} synthesised from the fixes pack"
+LABEL io.gemma4-images.stand-in="vllm-gaudi {version}: main 091bbadd files the fixes touch"
 """
 
 
 def write_context(ctx: Path, vllm_gaudi_version: str, gaudi_sw: str = "1.24.1.0") -> None:
     site = ctx / "site-packages"
-    for path, text in synthesise().items():
+    for path, data in upstream_files().items():
         (site / path).parent.mkdir(parents=True, exist_ok=True)
-        (site / path).write_text(text)
+        (site / path).write_bytes(data)
     (site / "vllm_gaudi" / "__init__.py").write_text("")
     for dist, version in ((f"vllm_gaudi-{vllm_gaudi_version}", vllm_gaudi_version),
                           (f"habana_torch_plugin-{gaudi_sw}", gaudi_sw)):

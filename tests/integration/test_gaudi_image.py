@@ -1,8 +1,8 @@
 """The real Dockerfile.gaudi (stage 2) on a stand-in base: the real CPU base (vLLM 0.30.0's files
-and what the build's self-check imports) plus a vllm-gaudi synthesised from the fixes pack
-(gaudi_standin.py). It proves the pipeline: the
-profile's version guard, the pack applied in order, fixes.json, labels, the baked tokenizer and
-the recipe's exact launch — not the fixes' behaviour on HPU."""
+and what the build's self-check imports) plus a vllm-gaudi made of the upstream files the fixes
+pack was written against (gaudi_standin.py). It proves the pipeline: the profile's version guard
+and sha256 check, the pack applied in order, fixes.json, labels, the baked tokenizer and the
+recipe's exact launch — not the fixes' behaviour on HPU."""
 import json
 import shlex
 import tempfile
