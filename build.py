@@ -10,7 +10,10 @@ from pathlib import Path
 
 import click
 
-from gemma4_images import images, matrix as matrix_mod, render, running, tokenizer_copy, upstream, wheels
+from docker.errors import APIError
+
+from gemma4_images import images, matrix as matrix_mod, registry as registry_api, render, running, tokenizer_copy
+from gemma4_images import upstream, wheels
 from gemma4_images.docker_build import BaseUnavailable, BuildFailed, DockerUnavailable, connect, local_image
 from gemma4_images.localbase import LocalBaseError
 from gemma4_images.matrix import MatrixError
@@ -44,6 +47,25 @@ def parse_build_args(pairs) -> dict[str, str]:
         key, value = pair.split("=", 1)
         out[key] = value
     return out
+
+
+def reference(ctx, param, value):
+    """click callback: an image reference the engine will take, or one line and exit 2 (before the
+    engine answers with a traceback)."""
+    if value is None:
+        return None
+    what = param.opts[0] if param.opts[0].startswith("-") else param.name.upper()
+    try:
+        return registry_api.check_reference(value, what)
+    except registry_api.BadReference as e:
+        fail(str(e), 2)
+
+
+def registry_spec(ctx, param, value):
+    try:
+        return registry_api.check_registry_spec(value)
+    except registry_api.BadReference as e:
+        fail(str(e), 2)
 
 
 def tiny_tag(m, name: str) -> str:
@@ -107,8 +129,8 @@ def stage_cmd(tokenizer_source):
 
 @cli.command()
 @click.argument("targets", nargs=-1, required=True)
-@click.option("--base-image", help="Build on this image instead of the target's base.")
-@click.option("--tag", help="Tag to apply (default gemma4-e2b:<target>-v<vllm>); one target only.")
+@click.option("--base-image", callback=reference, help="Build on this image instead of the target's base.")
+@click.option("--tag", callback=reference, help="Tag to apply (default gemma4-e2b:<target>-v<vllm>); one target only.")
 @click.option("--no-cache", is_flag=True)
 @click.option("--dry-run", is_flag=True, help="Print the equivalent `docker build` and stop.")
 @click.option("--build-arg", "build_args", multiple=True, metavar="KEY=VALUE")
@@ -210,7 +232,7 @@ def base(target, no_cache):
 
 @cli.command(context_settings={"ignore_unknown_options": True})
 @click.argument("target")
-@click.option("--image", help="Image to run (default: the target's tag).")
+@click.option("--image", callback=reference, help="Image to run (default: the target's tag).")
 @click.option("--print", "print_only", is_flag=True, help="Print the `docker run` line and stop.")
 @click.option("-e", "--env", "env", multiple=True, metavar="KEY=VALUE",
               help="GEMMA4_VARIANT, GEMMA4_FEATURES, GEMMA4_MODEL or any other variable.")
@@ -234,7 +256,7 @@ def run(target, image, print_only, env, vllm_args):
 
 @cli.command()
 @click.argument("target")
-@click.option("--image", help="Image to test (default: the target's tag).")
+@click.option("--image", callback=reference, help="Image to test (default: the target's tag).")
 @click.option("--model", help="Hub id, or a local folder mounted into the container.")
 @click.option("--tiny", is_flag=True, help="Serve a tiny random-weight Gemma 4 made here (no hub needed).")
 @click.option("--report", type=click.Path(), help="JSON report path (default reports/smoke-<target>.json).")
@@ -273,8 +295,8 @@ def smoke(target, image, model, tiny, report):
 
 @cli.command()
 @click.argument("targets", nargs=-1, required=True)
-@click.option("--registry", required=True, metavar="HOST[:PORT]/NAMESPACE")
-@click.option("--image", help="Local image to push (one target only; default: the target's tag).")
+@click.option("--registry", required=True, metavar="HOST[:PORT]/NAMESPACE", callback=registry_spec)
+@click.option("--image", callback=reference, help="Local image to push (one target only; default: the target's tag).")
 @click.option("--moving-tag", is_flag=True, help="Also move the plain <target> tag.")
 @click.option("--skip-smoke", is_flag=True, help="Push without a passing smoke report (loudly).")
 @click.option("--allow-dirty", is_flag=True, help="Push an image built from uncommitted changes.")
@@ -300,7 +322,7 @@ def push(targets, registry, image, moving_tag, skip_smoke, allow_dirty):
 @cli.command()
 @click.argument("target")
 @click.option("--replicas", default=1, show_default=True)
-@click.option("--image", help="Image reference (default: the last pushed digest, else the tag).")
+@click.option("--image", callback=reference, help="Image reference (default: the last pushed digest, else the tag).")
 @click.option("--pvc", default="gemma4-e2b-hf-cache", show_default=True, help="Claim for the HF cache.")
 @click.option("--no-pvc", is_flag=True, help="Keep the HF cache in an emptyDir instead.")
 @click.option("--secret", default="hf-token", show_default=True, help="Secret holding HF_TOKEN.")
@@ -317,7 +339,7 @@ def k8s(target, replicas, image, pvc, no_pvc, secret):
 
 
 @cli.command()
-@click.argument("image")
+@click.argument("image", callback=reference)
 def inspect(image):
     """Labels, healthcheck and /etc/gemma4-e2b/build.json of a local IMAGE."""
     try:
@@ -356,5 +378,14 @@ def bench_cmd(skip_build, skip_serving, skip_startup, with_base):
         fail("a rebuild rebuilt the wrong layers (see above and BENCHMARKS.md)")
 
 
+def main():
+    try:
+        cli()
+    except APIError as e:
+        # Whatever validation missed, the engine's refusal is one line, not a traceback.
+        reason = (e.explanation or str(e)).strip().splitlines()[0]
+        fail(f"the Docker engine refused: {reason}")
+
+
 if __name__ == "__main__":
-    cli()
+    main()

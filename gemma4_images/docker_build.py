@@ -100,13 +100,17 @@ def build(client, spec: BuildSpec, log: Callable[[str], None], verbose: bool = F
     stream = client.api.build(path=str(spec.context), dockerfile=spec.dockerfile, tag=spec.tag,
                               buildargs=spec.buildargs, network_mode="host", rm=True, forcerm=True,
                               nocache=spec.nocache, pull=False, decode=True)
-    step, image_id, tail = None, None, deque(maxlen=LOG_TAIL)
+    step, image_id, last_layer, tail = None, None, None, deque(maxlen=LOG_TAIL)
     for chunk in stream:
         if "error" in chunk:
+            _remove_dangling(client, last_layer)
             raise BuildFailed(spec.tag, step, ANSI.sub("", chunk["error"]).strip(), list(tail))
         if "aux" in chunk and "ID" in chunk["aux"]:
             image_id = chunk["aux"]["ID"]
         for line in ANSI.sub("", chunk.get("stream", "")).splitlines():
+            done = re.fullmatch(r"\s*---> ([0-9a-f]{12,})", line)
+            if done:
+                last_layer = done.group(1)
             if line.startswith("Step "):
                 step = line
                 log(f"  {line}")
@@ -118,3 +122,18 @@ def build(client, spec: BuildSpec, log: Callable[[str], None], verbose: bool = F
     if image_id is None:
         raise BuildFailed(spec.tag, step, "the engine reported no image id", list(tail))
     return image_id
+
+
+def _remove_dangling(client, image_id: str | None) -> None:
+    """After a failed build: the last step that did succeed left an untagged image with no children
+    (`<none>` in `docker images`); remove it and the untagged parents only it used. Steps shared
+    with other images stay, so their cache does too."""
+    if not image_id:
+        return
+    try:
+        dangling = {i.id for i in client.images.list(filters={"dangling": True})}
+        full = client.images.get(image_id).id
+        if full in dangling:
+            client.images.remove(full, noprune=False)
+    except (APIError, ImageNotFound):
+        pass  # best effort: the build's own error is the one to report

@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TARGETS_FILE = ROOT / "targets.yaml"
 PROFILES = ROOT / "patches" / "profiles"
 FEATURES = ("tool_calling", "reasoning", "text_only", "spec_decoding")
+RESERVED_NAMES = ("all",)  # CLI words that stand for every target
 SHA256_DIGEST = r"^sha256:[0-9a-f]{64}$"
 # Where images hold the BOS tokenizer copy (patches/gemma4-bos-tokenizer) when a target bakes it.
 TOKENIZER_PATH = "/opt/gemma4-e2b/tokenizer"
@@ -171,6 +172,9 @@ class Matrix(Strict):
             for alias in t.aliases:
                 if alias in names:
                     raise ValueError(f"targets.{name}.aliases: {alias!r} is already a target name")
+                if alias in RESERVED_NAMES:
+                    raise ValueError(f"targets.{name}.aliases: {alias!r} is reserved (`build.py build {alias}` "
+                                     "means every target); choose another alias")
                 names.add(alias)
         for name, t in self.targets.items():
             if t.fixes:
@@ -272,18 +276,49 @@ def _check_feature_names(names):
     return names
 
 
+def _named(loader, path):
+    loader.name = str(path)
+    return loader
+
+
 def _location(loc: tuple) -> str:
     return ".".join(str(p) for p in loc if not str(p).startswith("function-"))
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last silently).
+    Merge keys (`<<: *anchor`) still work: keys a merge brings in may be overridden."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=deep)
+                line = key_node.start_mark.line + 1
+                if not isinstance(key, (str, int, float, bool, type(None))):
+                    continue  # the constructor below refuses unhashable keys itself
+                if key in seen:
+                    raise MatrixError(f"{self.name}: key {key!r} is given twice in one mapping (lines "
+                                      f"{seen[key]} and {line}); the second would silently replace the "
+                                      "first: remove or rename one")
+                seen[key] = line
+        return super().construct_mapping(node, deep=deep)
 
 
 def load(path: Path = TARGETS_FILE) -> Matrix:
     """Parse and validate; every problem is reported with the field path it concerns."""
     try:
-        raw = yaml.safe_load(Path(path).read_text())
+        text = Path(path).read_text()
+        raw = yaml.load(text, Loader=lambda stream: _named(_UniqueKeyLoader(stream), path))  # noqa: S506
     except OSError as e:
         raise MatrixError(f"cannot read {path}: {e.strerror}") from None
     except yaml.YAMLError as e:
         raise MatrixError(f"{path} is not valid YAML: {e}") from None
+    if raw is None:
+        raise MatrixError(f"{path} is empty: it must define project, features, variants, upstream_files, "
+                          "families and targets (see the committed targets.yaml)")
     if not isinstance(raw, dict):
         raise MatrixError(f"{path}: expected a mapping at the top level")
     try:

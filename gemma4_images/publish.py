@@ -3,6 +3,7 @@ holds the same digest, every pushed digest recorded in reports/pushed.json for p
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -26,9 +27,11 @@ class RegistryUnavailable(PushError):
 def split_registry(registry: str) -> tuple[str, str]:
     """'HOST[:PORT][/NAMESPACE]' -> (host, namespace). A registry must name its host: a bare
     namespace would send the image to Docker Hub, which nobody means by --registry."""
+    try:
+        registry_api.check_registry_spec(registry)
+    except registry_api.BadReference as e:
+        raise PushError(str(e)) from None
     host, _, namespace = registry.strip().rstrip("/").partition("/")
-    if not host or not ("." in host or ":" in host or host == "localhost"):
-        raise PushError(f"--registry {registry!r}: expected HOST[:PORT][/NAMESPACE], e.g. 127.0.0.1:5000/ml")
     return host, namespace
 
 
@@ -114,6 +117,10 @@ def _push_stream(client, repo: str, tag: str) -> str:
     for chunk in client.api.push(repo, tag=tag, stream=True, decode=True):
         if "error" in chunk:
             message = ANSI.sub("", chunk["error"]).strip().splitlines()[0]
+            if re.search(r"no basic auth credentials|unauthorized|authentication required|denied", message, re.I):
+                host = repo.split("/", 1)[0]
+                message += (f": the registry wants a login; run `docker login {host}` (build.py sends what "
+                            f"that stored in {registry_api.docker_config_path()}, or in the credsStore it names)")
             raise PushError(f"pushing {repo}:{tag} failed: {message}")
         digest = (chunk.get("aux") or {}).get("Digest") or digest
     if digest is None:
@@ -150,10 +157,17 @@ def push(client, matrix: Matrix, targets: list[str], registry: str, *, moving_ta
             log(f"WARNING: pushing {source} WITHOUT a passing smoke test (--skip-smoke): {refusal}")
         plan.append((name, source, image, tags_for(matrix, name, short_revision(image, allow_dirty), moving_tag)))
     check_registry(repo.split("/", 1)[0])
-    results = []
+    results, created = [], []
     try:
         for name, source, image, tags in plan:
-            results.append(_push_target(client, name, source, image, repo, tags, log))
+            results.append(_push_target(client, name, source, image, repo, tags, log, created))
+    except PushError:
+        # A push that fails leaves no registry tag behind on this machine that it made itself.
+        done = {f"{repo}:{t}" for e in results for t in e["tags"]}
+        for ref in created:
+            if ref not in done:
+                client.images.remove(ref, noprune=True)
+        raise
     finally:
         # Whatever did reach the registry is recorded, even when a later target fails.
         if results:
@@ -161,11 +175,13 @@ def push(client, matrix: Matrix, targets: list[str], registry: str, *, moving_ta
     return results
 
 
-def _push_target(client, name, source, image, repo, tags, log) -> dict:
+def _push_target(client, name, source, image, repo, tags, log, created: list[str]) -> dict:
     host, path = repo.split("/", 1)
     entry = {"target": name, "image": source, "image_id": image.id, "repository": repo,
              "tags": tags, "digest": None, "pushed": [], "already_present": []}
     for tag in tags:
+        if f"{repo}:{tag}" not in (client.images.get(image.id).tags or []):
+            created.append(f"{repo}:{tag}")
         image.tag(repo, tag)
         ours, theirs = _repo_digest(client, image.id, repo), remote_digest(host, path, tag)
         if ours and ours == theirs:

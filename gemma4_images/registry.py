@@ -25,6 +25,54 @@ DOCKER_HUB_API = "registry-1.docker.io"
 DOCKER_HUB_AUTH_KEY = "https://index.docker.io/v1/"  # the key `docker login` writes for Docker Hub
 
 
+# The distribution project's reference grammar (github.com/distribution/reference, reference.go),
+# with Docker's reading of the first part as a host only when it has a "." or ":" or is localhost.
+_COMPONENT = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*")
+_HOST = re.compile(r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*"
+                   r"|\[[0-9a-fA-F:]+\])(?::[0-9]+)?")
+_TAG = re.compile(r"[\w][\w.-]{0,127}")
+_DIGEST = re.compile(r"[a-z0-9]+(?:[+._-][a-z0-9]+)*:[0-9a-fA-F]{32,}")
+REFERENCE_RULE = ("[HOST[:PORT]/]NAME[:TAG][@sha256:DIGEST], the name in lowercase letters, digits and "
+                  "the separators . _ __ -, a tag of at most 128 letters, digits, _ . -")
+
+
+class BadReference(ValueError):
+    """An image reference the engine would refuse; the message names it and the rule."""
+
+
+def _is_host(part: str) -> bool:
+    return "." in part or ":" in part or part == "localhost"
+
+
+def _valid_path(parts: list[str]) -> bool:
+    host = parts[0] if len(parts) > 1 and _is_host(parts[0]) else None
+    path = parts[1:] if host else parts
+    return (host is None or _HOST.fullmatch(host) is not None) and bool(path) \
+        and all(_COMPONENT.fullmatch(p) for p in path)
+
+
+def check_reference(ref: str, what: str) -> str:
+    """ref, or BadReference naming `what` (the option it came from) and the rule it breaks."""
+    name, at, digest = (ref or "").partition("@")
+    last = name.rsplit("/", 1)[-1]
+    name, colon, tag = name.rpartition(":") if ":" in last else (name, "", "")
+    ok = (_valid_path(name.split("/")) and len(name) <= 255 and (not colon or _TAG.fullmatch(tag))
+          and (not at or _DIGEST.fullmatch(digest)))
+    if not ok:
+        raise BadReference(f"{what} {ref!r} is not a valid image reference: expected {REFERENCE_RULE}")
+    return ref
+
+
+def check_registry_spec(spec: str, what: str = "--registry") -> str:
+    """'HOST[:PORT][/NAMESPACE]' as push takes it, or BadReference."""
+    parts = spec.strip().rstrip("/").split("/")
+    if not (_is_host(parts[0]) and _HOST.fullmatch(parts[0]) and all(_COMPONENT.fullmatch(p) for p in parts[1:])):
+        raise BadReference(f"{what} {spec!r} is not a valid registry: expected HOST[:PORT][/NAMESPACE], the "
+                           "namespace in lowercase letters, digits and the separators . _ __ - "
+                           "(e.g. 127.0.0.1:5000/ml)")
+    return spec
+
+
 class RegistryError(Exception):
     """The registry could not be asked, or would not say; the message is one line."""
 
@@ -68,10 +116,14 @@ def reason(error: Exception) -> str:
     return text.lower().removeprefix("[errno 111] ")
 
 
+def docker_config_path() -> Path:
+    return Path(os.environ.get("DOCKER_CONFIG") or Path.home() / ".docker") / "config.json"
+
+
 def credentials(host: str) -> str | None:
     """'user:password' that `docker login HOST` stored in the Docker config file, if any (credential
     helpers are not asked: their secrets stay where they are)."""
-    path = Path(os.environ.get("DOCKER_CONFIG") or Path.home() / ".docker") / "config.json"
+    path = docker_config_path()
     try:
         auths = json.loads(path.read_text()).get("auths") or {}
     except (OSError, ValueError):

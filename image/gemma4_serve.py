@@ -58,8 +58,19 @@ class UsageError(Exception):
 
 
 def load_recipe(path: str | None = None) -> dict:
-    with open(path or os.environ.get("GEMMA4_RECIPE", RECIPE_FILE)) as f:
-        return json.load(f)
+    path = path or os.environ.get("GEMMA4_RECIPE", RECIPE_FILE)
+    try:
+        with open(path) as f:
+            recipe = json.load(f)
+    except OSError as e:
+        raise UsageError(f"cannot read the recipe {path}: {e.strerror}; this image's build writes it, "
+                         "or GEMMA4_RECIPE names another") from None
+    except ValueError as e:
+        raise UsageError(f"the recipe {path} is not valid JSON ({e}); rebuild the image, or point "
+                         "GEMMA4_RECIPE at a valid one") from None
+    if not isinstance(recipe, dict) or "command" not in recipe:
+        raise UsageError(f"the recipe {path} is not a gemma4-images recipe (no 'command'); rebuild the image")
+    return recipe
 
 
 def choose_features(recipe: dict, spec: str | None) -> list[str]:
@@ -458,6 +469,9 @@ def main(argv: list[str]) -> int:
         if "--ready" in modes:
             return ready(recipe)
         if args[:1] == ["--write-build-info"]:
+            if len(args) != 2:
+                raise UsageError("--write-build-info takes one argument, the path to write "
+                                 "(the image build runs it with /etc/gemma4-e2b/build.json)")
             write_build_info(args[1], dict(os.environ))
             return 0
         if "--self-check" in modes:

@@ -111,16 +111,25 @@ def make_bos_copy(model: str, out: str | os.PathLike, revision: str | None = Non
         }
         _write_json(stage / RECORD, record)
         names = written + [RECORD]
-        unchanged = all((out / n).is_file() and (out / n).read_bytes() == (stage / n).read_bytes() for n in names)
-        _install(stage, out, names)
+        unchanged = all((out / n).is_file() and (out / n).read_bytes() == (stage / n).read_bytes() for n in names) \
+            and not any((out / n).is_file() for n in TOKENIZER_FILES if n not in names)
+        if not unchanged:  # a re-run on the same input leaves OUT as it is, mtimes too
+            _install(stage, out, names)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     return dict(record, out=str(out), out_unchanged=unchanged)
 
 
+NEEDS = "transformers, tokenizers and huggingface_hub"
+
+
 def verify(folder: Path, bos_id: int) -> dict:
     """Load FOLDER as vLLM does and check where <bos> appears; raise Refusal if anything is off."""
-    from transformers import AutoTokenizer
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as e:
+        raise Refusal(f"this tool needs {NEEDS} in the Python that runs it ({e}): "
+                      f"`{Path(sys.executable).name} -m pip install transformers tokenizers huggingface_hub`") from None
 
     tok = AutoTokenizer.from_pretrained(str(folder))
     text = "The capital of France is"
@@ -153,7 +162,12 @@ def _resolve_source(model: str, revision: str | None) -> tuple[Path, dict]:
         return path.resolve(), {"kind": "local", "path": str(path.resolve())}
     if path.is_absolute() or model.startswith(".") or model.count("/") != 1:
         raise Refusal(f"{model}: not a local folder, and not a hub id of the form owner/name.")
-    from huggingface_hub import snapshot_download
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError as e:
+        raise Refusal(f"a hub id needs {NEEDS} in the Python that runs this tool ({e}): "
+                      f"`{Path(sys.executable).name} -m pip install transformers tokenizers huggingface_hub`, "
+                      "or pass a local folder") from None
 
     token = os.environ.get("HF_TOKEN") or None  # passed through only, never stored or printed
     try:

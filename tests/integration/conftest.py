@@ -143,3 +143,14 @@ def no_new_containers(client):
     before = ours()
     yield
     assert ours() - before == set(), "containers left behind"
+
+
+@pytest.fixture
+def no_new_dangling_images(client):
+    """Fails the test if it leaves `<none>` images behind (a failed build must not)."""
+    def dangling():
+        return {i.id for i in client.images.list(filters={"dangling": True})}
+
+    before = dangling()
+    yield
+    assert dangling() - before == set(), "dangling images left behind"

@@ -4,6 +4,7 @@
 import shutil
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -12,16 +13,23 @@ import pytest
 from gemma4_images.smoke import free_port
 
 
-def start_registry(root: Path, readonly: bool = False):
-    """docker-registry serving on 127.0.0.1:<free port> from root; returns (process, host)."""
+def start_registry(root: Path, readonly: bool = False, login: tuple[str, str] | None = None):
+    """docker-registry serving on 127.0.0.1:<free port> from root; returns (process, host). With
+    login (user, password) it requires that htpasswd login (apache2-utils' htpasswd makes the file)."""
     exe = shutil.which("docker-registry")
     if exe is None:
         pytest.fail("docker-registry is not installed: `apt-get install docker-registry` (scripts/setup-host.sh)")
     port = free_port()
     maintenance = "\n  maintenance:\n    readonly:\n      enabled: true" if readonly else ""
+    auth = ""
+    if login:
+        if shutil.which("htpasswd") is None:
+            pytest.fail("htpasswd is not installed: `apt-get install apache2-utils` (scripts/setup-host.sh)")
+        subprocess.run(["htpasswd", "-Bbc", str(root / "htpasswd"), *login], check=True, capture_output=True)
+        auth = f"auth:\n  htpasswd:\n    realm: gemma4-test\n    path: {root / 'htpasswd'}\n"
     config = root / "config.yml"
     config.write_text(f"version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n"
-                      f"    rootdirectory: {root / 'data'}{maintenance}\nhttp:\n  addr: 127.0.0.1:{port}\n")
+                      f"    rootdirectory: {root / 'data'}{maintenance}\nhttp:\n  addr: 127.0.0.1:{port}\n{auth}")
     log = open(root / "registry.log", "w")
     proc = subprocess.Popen([exe, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
     host = f"127.0.0.1:{port}"
@@ -29,6 +37,10 @@ def start_registry(root: Path, readonly: bool = False):
         try:
             urllib.request.urlopen(f"http://{host}/v2/", timeout=1)
             return proc, host
+        except urllib.error.HTTPError as e:
+            if e.code == 401 and login:
+                return proc, host
+            raise
         except OSError:
             if proc.poll() is not None:
                 pytest.fail(f"docker-registry exited: {(root / 'registry.log').read_text()[-2000:]}")

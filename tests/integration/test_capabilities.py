@@ -75,7 +75,8 @@ def test_a_cuda_target_names_the_tag_that_carries_its_runtime(client, cpu_image)
                         "expects CUDA 12.9: build on vllm/vllm-openai:v0.30.0-cu129"]
 
 
-def test_a_build_on_the_other_cuda_runtime_fails_untagged(client, m, cuda_standin, untagged, no_new_containers):
+def test_a_build_on_the_other_cuda_runtime_fails_untagged(client, m, cuda_standin, untagged, no_new_containers,
+                                                          no_new_dangling_images):
     tag = untagged("gemma4-e2b-test/h100:wrong-cuda")
     with pytest.raises(BuildFailed) as failed:
         images.build_target(client, m, "h100", base_override=cuda_standin("13.0"), tag=tag,

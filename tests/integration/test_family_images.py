@@ -71,7 +71,8 @@ def test_healthcheck_fails_when_nothing_serves(client, built):
         container.remove(force=True)
 
 
-def test_version_mismatch_fails_the_build_and_tags_nothing(client, m, standin, untagged, no_new_containers):
+def test_version_mismatch_fails_the_build_and_tags_nothing(client, m, standin, untagged, no_new_containers,
+                                                           no_new_dangling_images):
     base = standin("0.29.0")
     tag = untagged("gemma4-e2b-test/mismatch:standin")
     with pytest.raises(BuildFailed) as e:

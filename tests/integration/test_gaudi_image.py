@@ -79,7 +79,8 @@ def test_skip_warmup_stops_the_container(client, gaudi_image):
         container.remove(force=True)
 
 
-def test_wrong_vllm_gaudi_fails_the_build_untagged(client, m, gaudi_base, untagged, no_new_containers):
+def test_wrong_vllm_gaudi_fails_the_build_untagged(client, m, gaudi_base, untagged, no_new_containers,
+                                                   no_new_dangling_images):
     tag = untagged("gemma4-e2b-test/gaudi2:wrong-commit")
     with pytest.raises(BuildFailed) as e:
         images.build_target(client, m, "gaudi2", base_override=gaudi_base("0.30.0+g1234567"),

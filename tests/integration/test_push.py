@@ -1,10 +1,12 @@
 """Push to a real registry on this machine (local_registry.py: Debian's docker-registry on a free
 loopback port)."""
+import base64
 import json
 import tempfile
 import time
 from pathlib import Path
 
+import docker
 import pytest
 from docker.errors import ImageNotFound
 
@@ -159,3 +161,34 @@ def test_registry_that_refuses_the_upload_is_one_line(client, m, image, tmp_path
     assert message.startswith(f"pushing {host}/gemma4-e2b:xeon6-v0.30.0 failed: ") and "\n" not in message
     assert "405" in message
     assert not (tmp_path / "reports" / "pushed.json").exists()
+
+
+def test_a_registry_that_wants_a_login_names_the_fix_and_leaves_no_tags(client, m, image, tmp_path, monkeypatch):
+    smoke_report(tmp_path / "reports", image)
+    proc, host = start_registry(tmp_path, login=("gemma4", "s3cret-pass"))
+    try:
+        tags_before = set(client.images.get(image).tags)
+        with pytest.raises(publish.PushError) as refused:
+            publish.push(client, m, [TARGET], host, sources={TARGET: image}, reports_dir=tmp_path / "reports",
+                         log=print)
+        message = str(refused.value)
+        assert "\n" not in message and "no basic auth credentials" in message
+        assert f"run `docker login {host}`" in message
+        assert set(client.images.get(image).tags) == tags_before      # the tags push made are gone
+        assert not (tmp_path / "reports" / "pushed.json").exists()
+
+        # The fix it names works: with that login stored, the same push goes through.
+        config = tmp_path / "docker-config"
+        config.mkdir()
+        auth = base64.b64encode(b"gemma4:s3cret-pass").decode()
+        (config / "config.json").write_text(json.dumps({"auths": {host: {"auth": auth}}}))
+        monkeypatch.setenv("DOCKER_CONFIG", str(config))
+        logged_in = docker.from_env()
+        entries = publish.push(logged_in, m, [TARGET], host, sources={TARGET: image},
+                               reports_dir=tmp_path / "reports", log=print)
+        assert entries[0]["digest"].startswith("sha256:")
+    finally:
+        stop_registry(proc)
+        for tag in client.images.get(image).tags:
+            if tag.startswith(host):
+                client.images.remove(tag)

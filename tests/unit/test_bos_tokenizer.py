@@ -127,8 +127,19 @@ def test_rerun_on_its_own_output_is_a_noop(source, patched, tmp_path):
     for name in ("tokenizer.json", "tokenizer_config.json"):
         assert (tmp_path / "copy" / name).read_bytes() == (out / name).read_bytes()
 
-    again = apply.make_bos_copy(str(source), out)  # same source, same OUT: same bytes
+    again = apply.make_bos_copy(str(source), out)  # same source, same OUT: same bytes, untouched
     assert again["out_unchanged"] is True
+    assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.iterdir()} == before
+
+
+def test_a_python_without_transformers_gets_one_line_saying_what_to_install(source, tmp_path):
+    # -S: no site-packages, so transformers cannot be imported (the standard library still can).
+    run = subprocess.run([sys.executable, "-S", str(APPLY), str(source), str(tmp_path / "out")],
+                         capture_output=True, text=True)
+    assert run.returncode == 1
+    assert "Traceback" not in run.stderr and len(run.stderr.strip().splitlines()) == 1
+    assert "needs transformers, tokenizers and huggingface_hub" in run.stderr and "pip install" in run.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def test_accepts_an_equivalent_bos_template_as_is(source, tmp_path):

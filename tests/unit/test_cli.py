@@ -29,6 +29,41 @@ def test_unknown_target_is_a_usage_error_listing_targets():
     assert "unknown target 'h800'" in r.stderr and "gaudi2" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("args, what", [
+    (["build", "cpu", "--tiny", "--base-image", "Bad Ref!!"], "--base-image 'Bad Ref!!'"),
+    (["build", "cpu", "--tiny", "--tag", "Bad-Tag:1"], "--tag 'Bad-Tag:1'"),
+    (["smoke", "cpu", "--tiny", "--image", "Bad Ref"], "--image 'Bad Ref'"),
+    (["inspect", "Bad Ref!!"], "IMAGE 'Bad Ref!!'"),
+    (["run", "cpu", "--image", "UPPER/case:1", "--print"], "--image 'UPPER/case:1'"),
+    (["push", "cpu", "--registry", "127.0.0.1:5000/Upper"], "--registry '127.0.0.1:5000/Upper' is not a valid registry"),
+])
+def test_an_invalid_reference_is_one_line_before_the_engine_is_asked(tmp_path, args, what):
+    # No daemon here: the answer must come from the check, not from the engine.
+    env = {"DOCKER_HOST": f"unix://{tmp_path}/no.sock", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    r = cli(*args, env=env)
+    assert r.returncode == 2
+    assert r.stderr.startswith(f"error: {what}") and r.stderr.count("\n") == 1, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_an_engine_refusal_validation_missed_is_one_line(monkeypatch, capsys):
+    import importlib.util
+
+    from docker.errors import APIError
+    spec = importlib.util.spec_from_file_location("build_cli", ROOT / "build.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    def refuse():
+        raise APIError("400 Client Error", explanation='invalid reference format: repository name must be lowercase')
+    monkeypatch.setattr(module, "cli", refuse)
+    with pytest.raises(SystemExit) as exit_:
+        module.main()
+    assert exit_.value.code == 1
+    assert capsys.readouterr().err == ("error: the Docker engine refused: invalid reference format: repository "
+                                       "name must be lowercase\n")
+
+
 def test_unreachable_daemon_is_one_clear_line(tmp_path):
     env = {"DOCKER_HOST": f"unix://{tmp_path}/no.sock", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
     r = cli("build", "h100", env=env)

@@ -202,3 +202,21 @@ def test_test_media_decode_as_what_they_claim():
     assert Image.open(io.BytesIO(serve.test_png(32))).size == (32, 32)
     with wave.open(io.BytesIO(serve.test_wav())) as w:
         assert (w.getframerate(), w.getnchannels(), w.getnframes()) == (44100, 1, 22050)
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{not json", "is not valid JSON"),
+    ("[1, 2]", "is not a gemma4-images recipe"),
+])
+def test_a_broken_recipe_file_is_one_line_naming_it(tmp_path, monkeypatch, capsys, content, message):
+    path = tmp_path / "recipe.json"
+    path.write_text(content)
+    monkeypatch.setenv("GEMMA4_RECIPE", str(path))
+    assert serve.main(["--print-command"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"gemma4-serve: error: the recipe {path} {message}") and err.count("\n") == 1
+
+
+def test_write_build_info_without_a_path_is_a_usage_error(m, tmp_path, monkeypatch, capsys):
+    assert run_main(tmp_path, monkeypatch, m.recipe("h100"), ["--write-build-info"]) == 2
+    assert "--write-build-info takes one argument" in capsys.readouterr().err

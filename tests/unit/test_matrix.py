@@ -81,6 +81,7 @@ def test_recipe_launch_is_the_seed_text(real):
     (lambda d: d["targets"]["h100"].update(startup_budget_s="soon"), "targets.h100.startup_budget_s"),
     (lambda d: d["targets"]["h100"].pop("run_flags"), "targets.h100.run_flags: Field required"),
     (lambda d: d["targets"]["mi300x"].update(aliases=["h100"]), "'h100' is already a target name"),
+    (lambda d: d["targets"]["mi300x"].update(aliases=["all"]), "'all' is reserved (`build.py build all`"),
     (lambda d: d["features"].pop("reasoning"), "features"),
     (lambda d: d["project"].update(vllm_verison="0.30.0"), "project.vllm_verison: unknown key"),
     (lambda d: d["targets"]["h200"].update(env={"X": "1"}), "families.cuda: its targets set different env"),
@@ -90,6 +91,38 @@ def test_schema_errors_name_the_field(tmp_path, raw, mutate, expected):
     with pytest.raises(MatrixError) as e:
         load_raw(tmp_path, raw)
     assert expected in str(e.value)
+
+
+@pytest.mark.parametrize("edit, key", [
+    # a second target block under targets:
+    (lambda text: text + "\n  xeon6:\n    family: cpu\n", "xeon6"),
+    # a field given twice in one target
+    (lambda text: text.replace("    startup_budget_s: 600\n", "    startup_budget_s: 600\n    startup_budget_s: 5\n"),
+     "startup_budget_s"),
+])
+def test_a_key_given_twice_is_refused_with_both_lines(tmp_path, edit, key):
+    path = tmp_path / "targets.yaml"
+    path.write_text(edit(matrix.TARGETS_FILE.read_text()))
+    with pytest.raises(MatrixError) as e:
+        matrix.load(path)
+    message = str(e.value)
+    assert f"key {key!r} is given twice in one mapping (lines " in message and "\n" not in message
+    first, second = (int(n) for n in message.split("(lines ")[1].split(")")[0].split(" and "))
+    text = path.read_text().splitlines()
+    assert text[first - 1].strip().startswith(f"{key}:") and text[second - 1].strip().startswith(f"{key}:")
+
+
+def test_merge_keys_still_override_what_they_bring(real):
+    # h200 is `<<: *hopper` plus its own hardware; b200 replaces the merged base.
+    assert real.targets["h200"].hardware == "NVIDIA H200" and real.targets["h200"].family == "cuda"
+    assert real.targets["b200"].base.image != real.targets["h100"].base.image
+
+
+def test_an_empty_file_is_called_empty(tmp_path):
+    path = tmp_path / "targets.yaml"
+    path.write_text("# nothing here\n")
+    with pytest.raises(MatrixError, match="targets.yaml is empty: it must define project"):
+        matrix.load(path)
 
 
 def test_malformed_yaml(tmp_path):
