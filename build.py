@@ -359,15 +359,16 @@ def inspect(image):
 @click.option("--no-serving", "skip_serving", is_flag=True, help="Skip the serving harness run.")
 @click.option("--no-startup", "skip_startup", is_flag=True,
               help="Skip the start-up benchmark (our image against bare vllm serve, ~6 min).")
+@click.option("--no-load", "skip_load", is_flag=True, help="Skip the load, client-fault and stop benchmark.")
 @click.option("--with-base", is_flag=True,
               help="Also time a no-cache build of the local CPU base (~3.5 min; re-tags the base).")
-def bench_cmd(skip_build, skip_serving, skip_startup, with_base):
+def bench_cmd(skip_build, skip_serving, skip_startup, skip_load, with_base):
     """Cold/no-change/one-patch/one-entrypoint-line rebuilds, image overhead, gemma4-bench in the CPU
     image with the tiny model, and start-up time against bare vllm serve; regenerates BENCHMARKS.md."""
     from gemma4_images import bench
     try:
         results = bench.main(log, build=not skip_build, serving=not skip_serving, with_base=with_base,
-                             startup=not skip_startup)
+                             startup=not skip_startup, load=not skip_load)
     except BuildFailed as e:
         click.echo("\n".join(f"  | {line}" for line in e.tail), err=True)
         fail(f"{e}\nno image was tagged")

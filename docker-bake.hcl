@@ -80,7 +80,7 @@ target "gemma4-e2b-gaudi2" {
     GEMMA4_TARGET        = "gaudi2"
     GEMMA4_MODEL_ID      = "google/gemma-4-E2B-it"
     GEMMA4_VLLM_VERSION  = "0.30.0"
-    GEMMA4_FIXES         = "sampling-rows-refresh,structured-output-rows,so-row-owners,bad-words-index,logitsprocs-rows,gather-logprobs-int32,logprobs-decode-guard,seeded-sampling,gemma4-required-tool-grammar,gemma4-buffered-tool-args,gemma4-fast-prefill"
+    GEMMA4_FIXES         = "sampling-rows-refresh,structured-output-rows,so-row-owners,bad-words-index,logitsprocs-rows,gather-logprobs-int32,logprobs-decode-guard,shutdown-ends-requests,seeded-sampling,gemma4-required-tool-grammar,gemma4-buffered-tool-args,gemma4-fast-prefill"
     GEMMA4_BOS_COPY_OF   = "google/gemma-4-E2B-it"
   }
   labels = {
@@ -94,7 +94,7 @@ target "gemma4-e2b-gaudi2" {
     "io.gemma4-images.target"              = "gaudi2"
     "io.gemma4-images.model"               = "google/gemma-4-E2B-it"
     "io.gemma4-images.vllm-version"        = "0.30.0"
-    "io.gemma4-images.fixes"               = "sampling-rows-refresh,structured-output-rows,so-row-owners,bad-words-index,logitsprocs-rows,gather-logprobs-int32,logprobs-decode-guard,seeded-sampling,gemma4-required-tool-grammar,gemma4-buffered-tool-args,gemma4-fast-prefill"
+    "io.gemma4-images.fixes"               = "sampling-rows-refresh,structured-output-rows,so-row-owners,bad-words-index,logitsprocs-rows,gather-logprobs-int32,logprobs-decode-guard,shutdown-ends-requests,seeded-sampling,gemma4-required-tool-grammar,gemma4-buffered-tool-args,gemma4-fast-prefill"
     "io.gemma4-images.tokenizer"           = "google/gemma-4-E2B-it"
   }
   contexts = {
@@ -129,7 +129,7 @@ target "gemma4-e2b-h100" {
     GEMMA4_TARGET        = "h100"
     GEMMA4_MODEL_ID      = "google/gemma-4-E2B-it"
     GEMMA4_VLLM_VERSION  = "0.30.0"
-    GEMMA4_FIXES         = "logprobs-decode-guard,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     GEMMA4_BOS_COPY_OF   = ""
   }
   labels = {
@@ -143,7 +143,7 @@ target "gemma4-e2b-h100" {
     "io.gemma4-images.target"              = "h100"
     "io.gemma4-images.model"               = "google/gemma-4-E2B-it"
     "io.gemma4-images.vllm-version"        = "0.30.0"
-    "io.gemma4-images.fixes"               = "logprobs-decode-guard,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     "io.gemma4-images.tokenizer"           = ""
   }
 }
@@ -168,7 +168,7 @@ target "gemma4-e2b-h200" {
     GEMMA4_TARGET        = "h200"
     GEMMA4_MODEL_ID      = "google/gemma-4-E2B-it"
     GEMMA4_VLLM_VERSION  = "0.30.0"
-    GEMMA4_FIXES         = "logprobs-decode-guard,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     GEMMA4_BOS_COPY_OF   = ""
   }
   labels = {
@@ -182,7 +182,7 @@ target "gemma4-e2b-h200" {
     "io.gemma4-images.target"              = "h200"
     "io.gemma4-images.model"               = "google/gemma-4-E2B-it"
     "io.gemma4-images.vllm-version"        = "0.30.0"
-    "io.gemma4-images.fixes"               = "logprobs-decode-guard,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     "io.gemma4-images.tokenizer"           = ""
   }
 }
@@ -207,7 +207,7 @@ target "gemma4-e2b-b200" {
     GEMMA4_TARGET        = "b200"
     GEMMA4_MODEL_ID      = "google/gemma-4-E2B-it"
     GEMMA4_VLLM_VERSION  = "0.30.0"
-    GEMMA4_FIXES         = "logprobs-decode-guard,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     GEMMA4_BOS_COPY_OF   = ""
   }
   labels = {
@@ -221,7 +221,7 @@ target "gemma4-e2b-b200" {
     "io.gemma4-images.target"              = "b200"
     "io.gemma4-images.model"               = "google/gemma-4-E2B-it"
     "io.gemma4-images.vllm-version"        = "0.30.0"
-    "io.gemma4-images.fixes"               = "logprobs-decode-guard,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     "io.gemma4-images.tokenizer"           = ""
   }
 }
@@ -246,7 +246,7 @@ target "gemma4-e2b-b300" {
     GEMMA4_TARGET        = "b300"
     GEMMA4_MODEL_ID      = "google/gemma-4-E2B-it"
     GEMMA4_VLLM_VERSION  = "0.30.0"
-    GEMMA4_FIXES         = "logprobs-decode-guard,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     GEMMA4_BOS_COPY_OF   = ""
   }
   labels = {
@@ -260,7 +260,7 @@ target "gemma4-e2b-b300" {
     "io.gemma4-images.target"              = "b300"
     "io.gemma4-images.model"               = "google/gemma-4-E2B-it"
     "io.gemma4-images.vllm-version"        = "0.30.0"
-    "io.gemma4-images.fixes"               = "logprobs-decode-guard,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     "io.gemma4-images.tokenizer"           = ""
   }
 }
@@ -285,7 +285,7 @@ target "gemma4-e2b-mi300x" {
     GEMMA4_TARGET        = "mi300x"
     GEMMA4_MODEL_ID      = "google/gemma-4-E2B-it"
     GEMMA4_VLLM_VERSION  = "0.30.0"
-    GEMMA4_FIXES         = "logprobs-decode-guard,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     GEMMA4_BOS_COPY_OF   = ""
   }
   labels = {
@@ -299,7 +299,7 @@ target "gemma4-e2b-mi300x" {
     "io.gemma4-images.target"              = "mi300x"
     "io.gemma4-images.model"               = "google/gemma-4-E2B-it"
     "io.gemma4-images.vllm-version"        = "0.30.0"
-    "io.gemma4-images.fixes"               = "logprobs-decode-guard,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     "io.gemma4-images.tokenizer"           = ""
   }
 }
@@ -324,7 +324,7 @@ target "gemma4-e2b-mi325x" {
     GEMMA4_TARGET        = "mi325x"
     GEMMA4_MODEL_ID      = "google/gemma-4-E2B-it"
     GEMMA4_VLLM_VERSION  = "0.30.0"
-    GEMMA4_FIXES         = "logprobs-decode-guard,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     GEMMA4_BOS_COPY_OF   = ""
   }
   labels = {
@@ -338,7 +338,7 @@ target "gemma4-e2b-mi325x" {
     "io.gemma4-images.target"              = "mi325x"
     "io.gemma4-images.model"               = "google/gemma-4-E2B-it"
     "io.gemma4-images.vllm-version"        = "0.30.0"
-    "io.gemma4-images.fixes"               = "logprobs-decode-guard,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     "io.gemma4-images.tokenizer"           = ""
   }
 }
@@ -363,7 +363,7 @@ target "gemma4-e2b-mi350x" {
     GEMMA4_TARGET        = "mi350x"
     GEMMA4_MODEL_ID      = "google/gemma-4-E2B-it"
     GEMMA4_VLLM_VERSION  = "0.30.0"
-    GEMMA4_FIXES         = "logprobs-decode-guard,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     GEMMA4_BOS_COPY_OF   = ""
   }
   labels = {
@@ -377,7 +377,7 @@ target "gemma4-e2b-mi350x" {
     "io.gemma4-images.target"              = "mi350x"
     "io.gemma4-images.model"               = "google/gemma-4-E2B-it"
     "io.gemma4-images.vllm-version"        = "0.30.0"
-    "io.gemma4-images.fixes"               = "logprobs-decode-guard,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     "io.gemma4-images.tokenizer"           = ""
   }
 }
@@ -402,7 +402,7 @@ target "gemma4-e2b-mi355x" {
     GEMMA4_TARGET        = "mi355x"
     GEMMA4_MODEL_ID      = "google/gemma-4-E2B-it"
     GEMMA4_VLLM_VERSION  = "0.30.0"
-    GEMMA4_FIXES         = "logprobs-decode-guard,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     GEMMA4_BOS_COPY_OF   = ""
   }
   labels = {
@@ -416,7 +416,7 @@ target "gemma4-e2b-mi355x" {
     "io.gemma4-images.target"              = "mi355x"
     "io.gemma4-images.model"               = "google/gemma-4-E2B-it"
     "io.gemma4-images.vllm-version"        = "0.30.0"
-    "io.gemma4-images.fixes"               = "logprobs-decode-guard,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     "io.gemma4-images.tokenizer"           = ""
   }
 }
@@ -441,7 +441,7 @@ target "gemma4-e2b-xeon6" {
     GEMMA4_TARGET        = "xeon6"
     GEMMA4_MODEL_ID      = "google/gemma-4-E2B-it"
     GEMMA4_VLLM_VERSION  = "0.30.0"
-    GEMMA4_FIXES         = "logprobs-decode-guard,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     GEMMA4_BOS_COPY_OF   = "google/gemma-4-E2B-it"
   }
   labels = {
@@ -455,7 +455,7 @@ target "gemma4-e2b-xeon6" {
     "io.gemma4-images.target"              = "xeon6"
     "io.gemma4-images.model"               = "google/gemma-4-E2B-it"
     "io.gemma4-images.vllm-version"        = "0.30.0"
-    "io.gemma4-images.fixes"               = "logprobs-decode-guard,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     "io.gemma4-images.tokenizer"           = "google/gemma-4-E2B-it"
   }
 }
@@ -480,7 +480,7 @@ target "gemma4-e2b-trillium" {
     GEMMA4_TARGET        = "trillium"
     GEMMA4_MODEL_ID      = "google/gemma-4-E2B-it"
     GEMMA4_VLLM_VERSION  = "0.30.0"
-    GEMMA4_FIXES         = "logprobs-decode-guard,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     GEMMA4_BOS_COPY_OF   = ""
   }
   labels = {
@@ -494,7 +494,7 @@ target "gemma4-e2b-trillium" {
     "io.gemma4-images.target"              = "trillium"
     "io.gemma4-images.model"               = "google/gemma-4-E2B-it"
     "io.gemma4-images.vllm-version"        = "0.30.0"
-    "io.gemma4-images.fixes"               = "logprobs-decode-guard,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     "io.gemma4-images.tokenizer"           = ""
   }
 }
@@ -519,7 +519,7 @@ target "gemma4-e2b-ironwood" {
     GEMMA4_TARGET        = "ironwood"
     GEMMA4_MODEL_ID      = "google/gemma-4-E2B-it"
     GEMMA4_VLLM_VERSION  = "0.30.0"
-    GEMMA4_FIXES         = "logprobs-decode-guard,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     GEMMA4_BOS_COPY_OF   = ""
   }
   labels = {
@@ -533,7 +533,7 @@ target "gemma4-e2b-ironwood" {
     "io.gemma4-images.target"              = "ironwood"
     "io.gemma4-images.model"               = "google/gemma-4-E2B-it"
     "io.gemma4-images.vllm-version"        = "0.30.0"
-    "io.gemma4-images.fixes"               = "logprobs-decode-guard,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     "io.gemma4-images.tokenizer"           = ""
   }
 }

@@ -8,7 +8,6 @@ import textwrap
 
 import yaml
 
-from .entrypoint import gemma4_serve
 from .matrix import Matrix
 
 DEVICE_RESOURCE = {"habana": "habana.ai/gaudi", "nvidia": "nvidia.com/gpu", "amd": "amd.com/gpu",
@@ -22,32 +21,27 @@ TPU_NODES = {"trillium": ("tpu-v6e-slice", "1x1", 1), "ironwood": ("tpu7x", "2x2
 HF_HOME = "/var/cache/huggingface"
 NON_ROOT_UID = 2000          # the uid the CPU smoke tier runs as
 HTTP = "http"
-# Ready = /health answers and /v1/models lists the served model. gemma4-serve --healthcheck checks
-# /health only; the port is the one the entrypoint recorded for it.
-READY_SCRIPT = """\
-import json, sys, urllib.request as u
-model, port = sys.argv[1], sys.argv[2]
-try:
-    port = open(%r).read().strip()
-except OSError:
-    pass
-base = "http://127.0.0.1:" + port
-try:
-    u.urlopen(base + "/health", timeout=5)
-    listed = [m["id"] for m in json.load(u.urlopen(base + "/v1/models", timeout=5))["data"]]
-except (OSError, ValueError, KeyError) as e:
-    sys.exit("not ready: " + str(e))
-sys.exit(0 if model in listed else model + " is not served yet; /v1/models lists " + ", ".join(listed))
-""" % gemma4_serve.PORT_FILE
+# Ready = /health answers and /v1/models lists the served model: the image's own check, on the
+# port and model name the entrypoint recorded when it started the server.
+READY_COMMAND = ["gemma4-serve", "--ready"]
+# A writable /tmp for a read-only root: vLLM, torch.compile and HOME (set by the entrypoint for a
+# uid without an account) write there. An emptyDir allows exec, which torch.compile needs.
+TMP = "/tmp"
+GRACE_WHY = ("on SIGTERM vLLM aborts what is in flight, ends each request with a 503 (shutdown-ends-requests) "
+             "and exits 0: measured 1-3 s on the CPU tier during traffic, not yet on accelerators; raise it "
+             "above --shutdown-timeout if you pass one")
 
 # What each family's recipe needs from the kernel, and why; the reason is printed in the manifest.
 SECURITY = {
-    "none": ("non-root", "the CPU image serves as uid 2000 with no capabilities and no privilege "
-             "(measured); the recipe's --privileged is not needed"),
+    "none": ("non-root", "the CPU image serves as uid 2000 with no capabilities, no privilege and a "
+             "read-only root filesystem, /tmp on an emptyDir (measured); the recipe's --privileged is not "
+             "needed"),
     "nvidia": ("root", "the recipe's --privileged exposes the GPUs to docker; here the NVIDIA device "
-               "plugin does that. Root: the vendor image is untested as non-root"),
+               "plugin does that. Root, and a writable root filesystem: the vendor image is untested as "
+               "non-root and read-only (its CUDA, Triton and compile caches write under $HOME and /tmp)"),
     "habana": ("root+SYS_NICE", "the Gaudi recipe adds SYS_NICE and is not privileged; the habana "
-               "runtime must be the node's default (--runtime=habana has no pod field)"),
+               "runtime must be the node's default (--runtime=habana has no pod field). A writable root "
+               "filesystem: HPU graph and recipe caches are untested read-only"),
     "amd": ("privileged", "the ROCm recipe runs privileged with SYS_ADMIN, SYS_PTRACE and seccomp "
             "unconfined; kept until a run under the AMD device plugin proves it can go"),
     "tpu": ("privileged", "the TPU recipe runs privileged, and GKE before 1.28 needs it for TPU "
@@ -118,7 +112,8 @@ def _security(accelerator: str) -> tuple[dict, dict]:
         # fsGroup makes the cache volume writable for the uid.
         return ({"runAsNonRoot": True, "runAsUser": NON_ROOT_UID, "fsGroup": NON_ROOT_UID,
                  "seccompProfile": {"type": "RuntimeDefault"}},
-                {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}})
+                {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                 "readOnlyRootFilesystem": True})
     if mode == "root":
         return {}, {"allowPrivilegeEscalation": False}
     if mode == "root+SYS_NICE":
@@ -144,21 +139,31 @@ def _container(matrix: Matrix, name: str, image: str, secret: str) -> dict:
         "env": _env(matrix, name, secret),
         **({"resources": {"limits": {resource: TPU_NODES.get(name, (None, None, 1))[2]}}} if resource else {}),
         "securityContext": _security(accelerator)[1],
-        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "hf-cache", "mountPath": HF_HOME}],
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "hf-cache", "mountPath": HF_HOME},
+                         *([{"name": "tmp", "mountPath": TMP}] if read_only(accelerator) else [])],
         # Warm-up (download, load, compile) gets the target's whole budget before liveness counts.
         "startupProbe": {**health, "periodSeconds": 10, "timeoutSeconds": 5,
                          "failureThreshold": math.ceil(t.startup_budget_s / 10)},
-        "readinessProbe": {"exec": {"command": ["python3", "-c", READY_SCRIPT, matrix.project.model, str(port)]},
+        "readinessProbe": {"exec": {"command": READY_COMMAND},
                            "periodSeconds": 10, "timeoutSeconds": 10, "failureThreshold": 3},
         # The image's own HEALTHCHECK: every 30 s, 10 s timeout, 3 misses.
         "livenessProbe": {**health, "periodSeconds": 30, "timeoutSeconds": 10, "failureThreshold": 3},
     }
 
 
+def read_only(accelerator: str) -> bool:
+    return bool(_security(accelerator)[1].get("readOnlyRootFilesystem"))
+
+
 def _pod(matrix: Matrix, name: str, container: dict, pvc: str | None) -> dict:
-    pod_sc = _security(matrix.families[matrix.targets[name].family].accelerator)[0]
+    t = matrix.targets[name]
+    accelerator = matrix.families[t.family].accelerator
+    pod_sc = _security(accelerator)[0]
     cache = {"persistentVolumeClaim": {"claimName": pvc}} if pvc else {"emptyDir": {}}
     return {
+        # SIGTERM ends the requests in flight with a 503 (shutdown-ends-requests) and vLLM exits;
+        # this is how long that may take before the kubelet kills it.
+        "terminationGracePeriodSeconds": t.shutdown_grace_s,
         # Kubernetes puts <SERVICE>_PORT=tcp://... in every pod's env; a Service named vllm would
         # set VLLM_PORT, which vLLM reads as its own setting and fails on.
         "enableServiceLinks": False,
@@ -167,7 +172,8 @@ def _pod(matrix: Matrix, name: str, container: dict, pvc: str | None) -> dict:
                              "cloud.google.com/gke-tpu-topology": TPU_NODES[name][1]}} if name in TPU_NODES else {}),
         "containers": [container],
         "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size(matrix, name)}},
-                    {"name": "hf-cache", **cache}],
+                    {"name": "hf-cache", **cache},
+                    *([{"name": "tmp", "emptyDir": {}}] if read_only(accelerator) else [])],
     }
 
 
@@ -182,6 +188,7 @@ def _header(matrix: Matrix, name: str, pvc: str | None, secret: str) -> str:
              f"({t.hardware}).",
              "Generated by `python build.py k8s`. Needs: " + "; ".join(needs) + ".",
              f"securityContext: {SECURITY[accelerator][1]}.",
+             f"terminationGracePeriodSeconds: {t.shutdown_grace_s} ({GRACE_WHY}).",
              f"/dev/shm: {shm_size(matrix, name)} in memory ({_shm_reason(matrix, name)})."]
     return "".join(line + "\n" for note in notes
                    for line in textwrap.wrap(note, 98, initial_indent="# ", subsequent_indent="#   "))

@@ -139,6 +139,8 @@ class Target(Strict):
     bos_tokenizer: bool = False
     # Install the audio extras (Matrix.audio_extras) and serve audio; false: the launch refuses it.
     audio: bool = True
+    # How long a stop (SIGTERM) may take before the kill: the pod's terminationGracePeriodSeconds.
+    shutdown_grace_s: int = 30
 
     @property
     def opt_in_fixes(self) -> list[str]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 
 from .matrix import Matrix
@@ -45,6 +46,23 @@ def python_of(client, image: str) -> dict:
               "'machine': platform.machine(), 'glibc': platform.libc_ver()[1]}))")
     out = client.containers.run(image, ["-c", script], entrypoint=["python3"], remove=True, network_mode="host")
     return json.loads(out.decode().strip().splitlines()[-1])
+
+
+def rss_bytes(container) -> int:
+    """Resident memory of every process in a running container (the server and its engine)."""
+    out = container.exec_run(["sh", "-c", "cat /proc/[0-9]*/status 2>/dev/null"]).output.decode()
+    return sum(int(kb) * 1024 for kb in re.findall(r"^VmRSS:\s+(\d+) kB", out, re.M))
+
+
+def processes(container) -> list[tuple[int, str, str]]:
+    """(pid, state, command) of every process in a running container; state Z is a zombie."""
+    out = container.exec_run(["sh", "-c", "for s in /proc/[0-9]*/stat; do cat $s 2>/dev/null; echo; done"]).output
+    rows = []
+    for line in out.decode(errors="replace").splitlines():
+        m = re.match(r"(\d+) \((.*)\) (\S)", line)
+        if m:
+            rows.append((int(m.group(1)), m.group(3), m.group(2)))
+    return rows
 
 
 def read_file(client, image: str, path: str) -> str:

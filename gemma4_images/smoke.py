@@ -40,6 +40,11 @@ class LoopbackContainer(DockerContainer):
     def get_exposed_port(self, port) -> int:
         return int(port)
 
+    @property
+    def created(self) -> bool:
+        """The engine made the container (start() can fail before that)."""
+        return self._container is not None
+
 
 @dataclass
 class Check:
@@ -363,10 +368,10 @@ def _container(matrix: Matrix, target: str, image: str, model: str | None, port:
     return container.with_command(args), served, args
 
 
-def _wait_healthy(container, url: str, budget: float) -> float:
+def wait_healthy(wrapped, url: str, budget: float) -> float:
+    """Seconds until url/health answers 200 from the (docker-py) container, or CheckFailed."""
     start = time.monotonic()
     while time.monotonic() - start < budget:
-        wrapped = container.get_wrapped_container()
         wrapped.reload()
         if wrapped.status not in ("created", "running"):
             raise CheckFailed(f"the container exited ({wrapped.attrs['State'].get('ExitCode')}) before /health answered")
@@ -390,10 +395,11 @@ def run_smoke(client, matrix: Matrix, target: str, image: str | None = None, mod
     report = Report(target=target, image=image, model=model or matrix.project.model,
                     image_id=client.images.get(image).id)
     log(f"starting {image} on 127.0.0.1:{port}")
-    container.start()
     try:
+        container.start()
         try:
-            report.seconds_to_healthy = round(_wait_healthy(container, url, matrix.targets[target].startup_budget_s), 1)
+            report.seconds_to_healthy = round(wait_healthy(container.get_wrapped_container(), url,
+                                                        matrix.targets[target].startup_budget_s), 1)
             log(f"healthy after {report.seconds_to_healthy}s")
         except CheckFailed as e:
             report.checks.append(Check("ready", "fail", str(e)))
@@ -419,6 +425,7 @@ def run_smoke(client, matrix: Matrix, target: str, image: str | None = None, mod
             log(f"  {check.name}: {check.status}")
         return report
     finally:
-        logs = b"".join(container.get_logs()).decode(errors="replace").splitlines()
-        report.log_tail = logs[-200:]
-        container.stop()
+        if container.created:
+            logs = b"".join(container.get_logs()).decode(errors="replace").splitlines()
+            report.log_tail = logs[-200:]
+            container.stop()

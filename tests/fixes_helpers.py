@@ -45,9 +45,10 @@ IMAGE = os.environ.get("GEMMA4_FIXES_IMAGE", "gemma4-e2b:xeon6-v0.30.0-tiny")  #
 PACK = Path(os.environ.get("GEMMA4_FIXES_PACK", REPO / "patches"))
 PROFILE = "vllm-0.30.0"
 OPT_IN = ["gemma4-required-tool-grammar", "gemma4-buffered-tool-args"]
-# Every file the three fixes touch (the tests restore these to upstream first).
+# Every file the vLLM-level fixes touch (the tests restore these to upstream first).
 FILES = [
     "vllm/v1/engine/logprobs.py",
+    "vllm/entrypoints/launchers/launcher.py",
     "vllm/parser/gemma4.py",
     "vllm/tool_parsers/gemma4_engine_tool_parser.py",
 ]

@@ -5,10 +5,12 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
+from types import SimpleNamespace
 
 import pytest
 
-from gemma4_images import images, matrix, smoke, tiny_model
+from gemma4_images import images, matrix, smoke, tiny_model, traffic
 
 pytestmark = pytest.mark.integration
 
@@ -62,18 +64,19 @@ def plain_server(client, m, cpu_image, tmp_path_factory):
     container, served, args = smoke._container(m, "xeon6", image, str(model), port,
                                                extra_args=["--tokenizer", "/opt/plain/tokenizer"])
     container.with_volume_mapping(str(scratch), "/opt/plain", "ro").with_env("GEMMA4_RECIPE", "/opt/plain/recipe.json")
-    container.start()
     try:
-        smoke._wait_healthy(container, f"http://127.0.0.1:{port}", 600)
+        container.start()
+        smoke.wait_healthy(container.get_wrapped_container(), f"http://127.0.0.1:{port}", 600)
         launch = shlex.split(container.exec(["gemma4-serve", "--print-command", *args]).output.decode())
         log = b"".join(container.get_logs()).decode(errors="replace").splitlines()
-        yield smoke.Checks(f"http://127.0.0.1:{port}", served, launch), launch, log
+        yield SimpleNamespace(checks=smoke.Checks(f"http://127.0.0.1:{port}", served, launch), launch=launch,
+                              log=log, container=container.get_wrapped_container())
     finally:
         container.stop()
 
 
 def test_raw_prompt_bos_check_fails_without_the_bos_tokenizer(plain_server):
-    checks, _, _ = plain_server
+    checks = plain_server.checks
     # The tiny tokenizer mirrors the instruct tokenizer's flaw: no <bos> on raw prompts.
     with pytest.raises(smoke.CheckFailed, match="exactly one <bos>"):
         checks.raw_prompt_bos()
@@ -81,20 +84,20 @@ def test_raw_prompt_bos_check_fails_without_the_bos_tokenizer(plain_server):
 
 
 def test_forced_tool_call_check_fails_without_the_grammar_fix(plain_server):
-    checks, _, _ = plain_server
+    checks = plain_server.checks
     with pytest.raises(smoke.CheckFailed, match="tool_calls"):
         checks.tools_forced()
 
 
 def test_startup_log_check_fails_on_a_tokenizer_folder_without_its_config(plain_server):
     # vLLM's get_tokenizer reads config.json beside the tokenizer; the BOS copy now carries it.
-    _, _, log = plain_server
+    log = plain_server.log
     with pytest.raises(smoke.CheckFailed, match=r"ERROR .*Error parsing config for /opt/plain/tokenizer"):
         smoke.startup_log(log)
 
 
 def test_audio_switched_off_refuses_audio_with_a_4xx_and_still_serves_images(plain_server):
-    checks, launch, _ = plain_server
+    checks, launch = plain_server.checks, plain_server.launch
     at = launch.index("--limit-mm-per-prompt")
     assert json.loads(launch[at + 1]) == {"audio": 0}
     assert checks.audio_input().startswith("400")
@@ -108,3 +111,19 @@ def test_a_missing_image_is_one_clear_line(tmp_path):
     r = build_py("smoke", "cpu", "--image", "gemma4-e2b-test/never-built:none", "--tiny")
     assert r.returncode == 1
     assert "no local image gemma4-e2b-test/never-built:none" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_docker_stop_with_open_streams_is_killed_without_the_shutdown_fix(plain_server):
+    # Runs last in this module: it stops the unfixed server (shutdown-ends-requests is not applied).
+    checks, wrapped = plain_server.checks, plain_server.container
+    timing = {}
+
+    def stop():
+        time.sleep(3)
+        start = time.monotonic()
+        wrapped.stop(timeout=10)
+        timing["stop_s"] = time.monotonic() - start
+
+    traffic.run(checks.url, checks.model, streams=4, plain=0, max_tokens=3000, timeout=60, during=stop)
+    wrapped.reload()
+    assert wrapped.attrs["State"]["ExitCode"] == 137 and timing["stop_s"] >= 10, timing

@@ -385,11 +385,11 @@ def test_real_profiles_match_the_recipe(env):
                                  "gaudi_sw": {"version": "1.24.1"}}
     assert gaudi["generic"] == ["sampling-rows-refresh", "structured-output-rows", "so-row-owners",
                                 "bad-words-index", "logitsprocs-rows", "gather-logprobs-int32",
-                                "logprobs-decode-guard", "seeded-sampling"]
+                                "logprobs-decode-guard", "shutdown-ends-requests", "seeded-sampling"]
     assert gaudi["opt_in"] == ["gemma4-required-tool-grammar", "gemma4-buffered-tool-args", "gemma4-fast-prefill"]
     cpu = module.load_profile(str(PATCHES), "vllm-0.30.0")
     assert cpu["requires"] == {"vllm": {"version": "0.30.0", "commit": "ced6857a"}}
-    assert cpu["generic"] == ["logprobs-decode-guard"]
+    assert cpu["generic"] == ["logprobs-decode-guard", "shutdown-ends-requests"]
     assert cpu["opt_in"] == ["gemma4-required-tool-grammar", "gemma4-buffered-tool-args"]
 
 

@@ -3,8 +3,6 @@ offline by the kubernetes-validate package, strict: unknown fields fail), and th
 probe run for real against a local HTTP server."""
 import http.server
 import json
-import subprocess
-import sys
 import threading
 
 import kubernetes_validate
@@ -12,6 +10,7 @@ import pytest
 import yaml
 
 from gemma4_images import k8s, matrix, publish
+from gemma4_images.entrypoint import gemma4_serve
 
 M = matrix.load()
 TARGETS = list(M.targets)
@@ -93,8 +92,7 @@ def test_probes(target):
     budget = M.targets[target].startup_budget_s
     assert budget <= startup["periodSeconds"] * startup["failureThreshold"] < budget + startup["periodSeconds"]
     assert c["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
-    command = c["readinessProbe"]["exec"]["command"]
-    assert command[:2] == ["python3", "-c"] and command[3:] == [M.project.model, str(M.project.port)]
+    assert c["readinessProbe"]["exec"]["command"] == ["gemma4-serve", "--ready"]   # the image's own check
 
 
 class FakeServer(http.server.BaseHTTPRequestHandler):
@@ -130,22 +128,30 @@ def fake_server():
     (200, [], False),                       # up, model not loaded under that name
     (503, ["google/gemma-4-E2B-it"], False),  # listed, but the engine is unhealthy
 ])
-def test_readiness_probe_checks_health_then_the_model(fake_server, monkeypatch, health, models, ready):
+def test_readiness_checks_health_then_the_model(fake_server, tmp_path, monkeypatch, health, models, ready):
+    # What the probe runs (gemma4-serve --ready), on the port the entrypoint recorded at start.
     monkeypatch.setattr(FakeServer, "health", health)
     monkeypatch.setattr(FakeServer, "models", models)
-    command = container("h100")["readinessProbe"]["exec"]["command"]
-    # The port file is the container's; here the default port argument points at the fake server.
-    script = command[2].replace(k8s.gemma4_serve.PORT_FILE, "/nonexistent/port")
-    run = subprocess.run([sys.executable, "-c", script, command[3], str(fake_server.server_port)],
-                         capture_output=True, text=True, timeout=30)
-    assert (run.returncode == 0) == ready, run.stderr
+    (tmp_path / "port").write_text(str(fake_server.server_port))
+    monkeypatch.setattr(gemma4_serve, "PORT_FILE", str(tmp_path / "port"))
+    monkeypatch.setattr(gemma4_serve, "SERVED_FILE", str(tmp_path / "served"))
+    assert (gemma4_serve.ready(M.recipe("h100")) == 0) == ready
 
 
-def test_readiness_probe_is_not_ready_when_nothing_listens():
-    command = container("h100")["readinessProbe"]["exec"]["command"]
-    script = command[2].replace(k8s.gemma4_serve.PORT_FILE, "/nonexistent/port")
-    run = subprocess.run([sys.executable, "-c", script, command[3], "1"], capture_output=True, timeout=30)
-    assert run.returncode != 0
+def test_readiness_is_not_ready_when_nothing_listens(tmp_path, monkeypatch):
+    (tmp_path / "port").write_text("1")
+    monkeypatch.setattr(gemma4_serve, "PORT_FILE", str(tmp_path / "port"))
+    assert gemma4_serve.ready(M.recipe("h100")) != 0
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_grace_period_and_a_read_only_root_where_measured(target):
+    spec = pod(target)
+    assert spec["terminationGracePeriodSeconds"] == M.targets[target].shutdown_grace_s
+    read_only = spec["containers"][0]["securityContext"].get("readOnlyRootFilesystem", False)
+    assert read_only == (M.families[M.targets[target].family].accelerator == "none")
+    tmp = [v for v in spec["volumes"] if v["name"] == "tmp"]
+    assert tmp == ([{"name": "tmp", "emptyDir": {}}] if read_only else [])
 
 
 def test_hf_cache_on_a_named_claim_and_token_from_an_optional_secret():
@@ -186,7 +192,8 @@ def test_cpu_runs_as_non_root_without_privileges():
     spec = pod("xeon6")
     assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] == 2000
     assert spec["containers"][0]["securityContext"] == {"allowPrivilegeEscalation": False,
-                                                        "capabilities": {"drop": ["ALL"]}}
+                                                        "capabilities": {"drop": ["ALL"]},
+                                                        "readOnlyRootFilesystem": True}
 
 
 @pytest.mark.parametrize("target", ["mi300x", "trillium"])
