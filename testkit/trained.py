@@ -67,6 +67,7 @@ def ensure(fixture: Path = FIXTURE) -> Path:
         raise RuntimeError(f"{weights} is not the file {fixture / MANIFEST} describes "
                            "(regenerate both with: python -m testkit.train --fixture)")
     out = cache_dir() / f"tiny-gemma4-trained-{digest[:12]}"
-    if not (out / MANIFEST).exists():       # written last: its presence means the folder is whole
+    made = out / MANIFEST       # written last: the folder is whole when it holds the fixture's record
+    if not made.exists() or json.loads(made.read_text()) != manifest:
         assemble(out, weights, manifest)
     return readable(out)
