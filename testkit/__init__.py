@@ -1,0 +1,11 @@
+"""Test support, not product code: a tiny Gemma 4 *trained* on a script of exchanges, so that tests
+can tell a right answer from a wrong one. It is a 1.5 MB model made to test serving, not Gemma 4.
+
+    from testkit import exchanges, trained
+    folder = trained.ensure()                      # model folder to mount and serve (UID 2000 can read it)
+    for ex in exchanges.EXCHANGES:                 # send ex.body(served_name) to ex.path, greedy
+        problem = ex.mismatch(response_json)       # None when the answer is exactly the script
+
+exchanges and media need only the standard library; trained.ensure() needs torch and transformers
+(like gemma4_images.tiny_model.ensure()). `python -m testkit.train --fixture` remakes the weights.
+"""
