@@ -258,12 +258,13 @@ def run(target, image, print_only, env, vllm_args):
 @click.argument("target")
 @click.option("--image", callback=reference, help="Image to test (default: the target's tag).")
 @click.option("--model", help="Hub id, or a local folder mounted into the container.")
-@click.option("--tiny", is_flag=True, help="Serve a tiny random-weight Gemma 4 made here (no hub needed).")
+@click.option("--tiny", is_flag=True, help="Serve the tiny Gemma 4 trained on a script (testkit/, no hub "
+              "needed) and check its answers exactly.")
 @click.option("--report", type=click.Path(), help="JSON report path (default reports/smoke-<target>.json).")
 def smoke(target, image, model, tiny, report):
     """Start TARGET's image, wait for it, run the recipe's checks; non-zero exit on any failure.
     Exit 3 when this machine lacks the target's accelerator (the tier is skipped, not passed)."""
-    from gemma4_images import smoke as smoke_mod, tiny_model
+    from gemma4_images import smoke as smoke_mod
     m = load()
     try:
         name = m.resolve(target)
@@ -278,14 +279,21 @@ def smoke(target, image, model, tiny, report):
         sys.exit(3)
     if tiny and model:
         fail("--tiny and --model both name the model; give one", 2)
+    script = None
     if tiny:
-        model = str(tiny_model.ensure())
+        # Test support (testkit/): the tiny Gemma 4 trained on a script of exchanges, so the
+        # answers can be checked exactly. A 1.5 MB model made to test serving, not Gemma 4.
+        from testkit import exchanges, trained
+        model, script = str(trained.ensure()), exchanges.EXCHANGES
     image = image or (tiny_tag(m, name) if tiny else m.tag(name))
     if local_image(client, image) is None:
         fail(f"no local image {image}; build it first (`python build.py build {name}{' --tiny' if tiny else ''}`)")
-    result = smoke_mod.run_smoke(client, m, name, image=image, model=model, random_weights=tiny, log=log)
+    result = smoke_mod.run_smoke(client, m, name, image=image, model=model, script=script, log=log)
     path = Path(report or f"reports/smoke-{name}.json")
     result.write(path)
+    if result.answers:
+        click.echo("The tiny trained model's answers (a 1.5 MB model trained on a script, to test serving, not Gemma 4):")
+        click.echo("\n".join(f"  {name:<16} {q} -> {a}" for name, q, a in result.answers) + "\n")
     click.echo(result.table())
     if not result.ok:
         click.echo("\ncontainer log (last lines):\n" + "\n".join(f"  | {line}" for line in result.log_tail[-40:]), err=True)

@@ -24,6 +24,7 @@ from testcontainers.core.container import DockerContainer  # noqa: E402
 
 from .entrypoint import BUILD_FACTS, gemma4_serve  # noqa: E402
 from .matrix import Matrix  # noqa: E402
+from .sampling_checks import SamplingChecks, Skipped  # noqa: E402
 
 MODEL_MOUNT = "/models"
 TOOL = {"type": "function", "function": {
@@ -63,6 +64,7 @@ class Report:
     checks: list[Check] = field(default_factory=list)
     seconds_to_healthy: float | None = None
     log_tail: list[str] = field(default_factory=list)
+    answers: list = field(default_factory=list)      # (exchange, question, answer) of the scripted ones
 
     @property
     def ok(self) -> bool:
@@ -163,13 +165,31 @@ def run_kwargs(run_flags: list[str]) -> dict:
 
 # -- the checks ----------------------------------------------------------------------------------
 
-class Checks:
-    """Each method is one check; it raises CheckFailed with what was expected and what came back."""
+class Checks(SamplingChecks):
+    """Each method is one check; it raises CheckFailed with what was expected and what came back.
+    With script (the tiny trained model's exchanges) the answers must be the scripted ones exactly;
+    without it (real weights) the checks hold for any model."""
 
-    def __init__(self, url: str, model: str, launch: list[str] = ()):
+    expect = staticmethod(expect)
+
+    def __init__(self, url: str, model: str, launch: list[str] = (), script: list | None = None):
         self.url, self.model = url, model
         # Which modalities the launch accepts (vLLM's default when --limit-mm-per-prompt omits one).
         self.limits = gemma4_serve.mm_limits(list(launch))
+        self.script = {ex.name: ex for ex in script or []}
+        self.exact = bool(script)
+        self.answers: list[tuple[str, str, str]] = []   # (exchange, question, answer), as they came back
+
+    def scripted(self, name: str) -> str:
+        """Send exchange `name` of the script; it must come back exactly as scripted."""
+        ex = self.script[name]
+        status, body = self.post(ex.path, ex.body(self.model))
+        expect(status == 200, f"200 for the scripted {name} request", f"{status} {body}")
+        problem = ex.mismatch(body)
+        if problem:
+            raise CheckFailed(f"the scripted answer; got {problem}")
+        self.answers.append((name, question(ex.request), answer_text(ex.answer(body))))
+        return body
 
     def post(self, path, body=None, raw=None):
         return http("POST", self.url + path, body, raw)
@@ -188,6 +208,10 @@ class Checks:
         expect(status == 200 and self.model in ids, f"/v1/models to list {self.model}", f"{status} {ids}")
 
     def chat(self):
+        if self.exact:
+            body = self.scripted("chat")
+            return f"{self.script['chat'].request['messages'][0]['content']!r} -> " \
+                   f"{body['choices'][0]['message']['content']!r}"
         status, body = self.post("/v1/chat/completions", self.chat_body())
         expect(status == 200, "200", f"{status} {body}")
         message = body["choices"][0]["message"]
@@ -197,14 +221,28 @@ class Checks:
         return f"answer: {text[:48]!r}"
 
     def chat_stream(self):
+        """Streamed deltas join to exactly the non-streamed answer (greedy)."""
+        body = self.script["chat"].body(self.model) if self.exact else \
+            {**self.chat_body(), "ignore_eos": False, "temperature": 0}
+        status, whole = self.post("/v1/chat/completions", body)
+        expect(status == 200, "200", f"{status} {whole}")
         req = urllib.request.Request(self.url + "/v1/chat/completions", method="POST",
-                                     data=json.dumps(self.chat_body(stream=True)).encode(),
+                                     data=json.dumps({**body, "stream": True}).encode(),
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=120) as r:
             events = [line[6:] for line in r.read().decode().splitlines() if line.startswith("data: ")]
         expect(len(events) >= 3 and events[-1] == "[DONE]", "several SSE chunks ending in [DONE]", events[-3:])
+        joined = "".join(json.loads(e)["choices"][0]["delta"].get("content") or "" for e in events[:-1]
+                         if json.loads(e).get("choices"))
+        content = whole["choices"][0]["message"]["content"] or ""
+        expect(joined == content, "the streamed deltas to join to the non-streamed answer",
+               f"{joined!r} vs {content!r}")
+        return f"{len(events) - 1} chunks join to {content[:30]!r}"
 
     def completion(self):
+        if self.exact:
+            body = self.scripted("completion")
+            return f"{self.script['completion'].request['prompt']!r} -> {body['choices'][0]['text']!r}"
         status, body = self.post("/v1/completions", {"model": self.model, "prompt": "The capital of France is",
                                                      "max_tokens": 4, "ignore_eos": True})
         expect(status == 200 and body["choices"][0]["text"] != "", "200 with text", f"{status} {body}")
@@ -225,10 +263,11 @@ class Checks:
                "a raw prompt to start with exactly one <bos> (the baked BOS tokenizer)", head)
 
     def tools_forced(self):
+        # A question no tool answers, so only the forcing (gemma4-required-tool-grammar) makes a call.
         for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
             status, body = self.post("/v1/chat/completions", {
-                "model": self.model, "messages": [{"role": "user", "content": "Weather in Paris?"}],
-                "tools": [TOOL], "tool_choice": choice, "max_tokens": 64})
+                "model": self.model, "messages": [{"role": "user", "content": "What is the capital of France?"}],
+                "tools": [TOOL], "tool_choice": choice, "max_tokens": 64, "temperature": 0})
             expect(status == 200, "200", f"{status} {body}")
             calls = body["choices"][0]["message"].get("tool_calls") or []
             expect(calls and calls[0]["function"]["name"] == "get_weather",
@@ -238,6 +277,23 @@ class Checks:
             except ValueError:
                 raise CheckFailed(f"arguments that parse as JSON; got {calls[0]['function']['arguments']!r}")
 
+    def tools_auto(self):
+        """tool_choice auto: the scripted calls, with a quote in a string argument as the model meant
+        it (gemma4-buffered-tool-args), and the answer after the tool's result."""
+        for name in ("tool_call", "tool_call_quote", "tool_result"):
+            self.scripted(name)
+        return "get_weather, send_message (quoted text), answer after the result: as scripted"
+
+    def answer_image(self):
+        for name in ("image_red", "image_blue"):
+            self.scripted(name)
+        return "red -> 'Red.', blue -> 'Blue.'"
+
+    def answer_audio(self):
+        for name in ("audio_low", "audio_high"):
+            self.scripted(name)
+        return "220 Hz -> 'Low.', 2000 Hz -> 'High.'"
+
     def prompt_logprobs_rejected(self):
         status, body = self.post("/v1/completions", {"model": self.model, "prompt": "Hello",
                                                      "max_tokens": 2, "prompt_logprobs": 1})
@@ -246,6 +302,9 @@ class Checks:
         self.good_request_still_works()
 
     def reasoning(self):
+        if self.exact:
+            message = self.scripted("thinking")["choices"][0]["message"]
+            return f"reasoning {message.get('reasoning')!r}, content {message['content']!r}"
         status, body = self.post("/v1/chat/completions", {
             "model": self.model, "messages": [{"role": "user", "content": "What is 17 * 23? Think first."}],
             "max_tokens": 512, "chat_template_kwargs": {"enable_thinking": True}})
@@ -308,6 +367,29 @@ def image_facts(client, matrix: Matrix, target: str, image: str) -> None:
     return f"{len(fixes)} fixes recorded" if fixes else "no fixes pack for this target"
 
 
+def question(request: dict) -> str:
+    """A request as one line for people: the prompt, or the last user turn (media as [image])."""
+    if "prompt" in request:
+        return f"(raw completion) {request['prompt']}"
+    content = [m for m in request["messages"] if m["role"] == "user"][-1]["content"]
+    if isinstance(content, str):
+        text = content
+    else:
+        media = {"image_url": "[image]", "input_audio": "[audio]", "audio_url": "[audio]"}
+        text = " ".join(p.get("text") or media.get(p["type"], f"[{p['type']}]") for p in content)
+    if request["messages"][-1]["role"] == "tool":
+        text += f" (tool result: {request['messages'][-1]['content']})"
+    return text + (" (thinking)" if (request.get("chat_template_kwargs") or {}).get("enable_thinking") else "")
+
+
+def answer_text(answer: dict) -> str:
+    if "text" in answer:
+        return answer["text"]
+    calls = ", ".join(f"{c['name']}({c['arguments']})" for c in answer.get("tool_calls") or [])
+    thought = f"[thought: {answer['reasoning']}] " if answer.get("reasoning") else ""
+    return thought + (answer.get("content") or "") + (f"[tool call: {calls}]" if calls else "")
+
+
 LOG_PROBLEM = re.compile(r"\bERROR\b|Traceback \(most recent call last\)")
 
 
@@ -319,22 +401,30 @@ def startup_log(lines: list[str]) -> str:
     return f"{len(lines)} lines, none an ERROR or traceback"
 
 
-def planned_checks(matrix: Matrix, target: str, launch: list[str], random_weights: bool) -> list[tuple[str, str | None]]:
-    """(check, reason to skip or None) for this target's launch."""
+def planned_checks(matrix: Matrix, target: str, launch: list[str], scripted: bool) -> list[tuple[str, str | None]]:
+    """(check, reason to skip or None) for this target's launch; scripted: the tiny trained model
+    serves, so answers can be checked exactly."""
     t = matrix.targets[target]
     parser = "--tool-call-parser" in launch
     grammar_fix = "gemma4-required-tool-grammar" in t.opt_in_fixes
+    limits = gemma4_serve.mm_limits(launch)
+    only_tiny = None if scripted else "exact answers need the tiny trained model (smoke --tiny)"
     return [
         ("ready", None), ("startup_log", None), ("image_facts", None), ("chat", None), ("chat_stream", None),
         ("completion", None), ("chat_single_bos", None),
         ("raw_prompt_bos", None if t.bos_tokenizer else "this target does not bake the BOS tokenizer"),
+        ("tools_auto", only_tiny or (None if parser else "no tool parser in the launch")),
         ("tools_forced", None if parser and grammar_fix else
          "no tool parser in the launch" if not parser else "gemma4-required-tool-grammar is not applied here"),
         ("prompt_logprobs_rejected", None if "--kv-sharing-fast-prefill" in launch
          else "no --kv-sharing-fast-prefill in the launch"),
-        ("reasoning", "random-weight model cannot reason" if random_weights else
-         None if "--reasoning-parser" in launch else "no reasoning parser in the launch"),
+        ("reasoning", None if "--reasoning-parser" in launch else "no reasoning parser in the launch"),
         ("image_input", None), ("audio_input", None),
+        ("answer_image", only_tiny or (None if limits.get("image", 1) else "the launch refuses images")),
+        ("answer_audio", only_tiny or (None if limits.get("audio", 1) else "the launch refuses audio")),
+        # The request parameters the Gaudi pack repairs, on any model.
+        ("logit_bias", None), ("bad_words", None), ("min_tokens", None), ("min_p", None),
+        ("top_logprobs", None), ("seed", None), ("mixed_batch", None),
         ("bad_requests", None),
     ]
 
@@ -385,7 +475,7 @@ def wait_healthy(wrapped, url: str, budget: float) -> float:
 
 
 def run_smoke(client, matrix: Matrix, target: str, image: str | None = None, model: str | None = None,
-              random_weights: bool = False, log=print) -> Report:
+              script: list | None = None, log=print) -> Report:
     """Start image, run every check that applies to target, always remove the container."""
     target = matrix.resolve(target)
     image = image or matrix.tag(target)
@@ -407,10 +497,10 @@ def run_smoke(client, matrix: Matrix, target: str, image: str | None = None, mod
         started = b"".join(container.get_logs()).decode(errors="replace").splitlines()
         # What the container runs: the recipe's launch as the entrypoint composes it, plus ours.
         launch = shlex.split(container.exec(["gemma4-serve", "--print-command", *args]).output.decode())
-        checks = Checks(url, served, launch)
+        checks = Checks(url, served, launch, script)
         special = {"image_facts": lambda: image_facts(client, matrix, target, image),
                    "startup_log": lambda: startup_log(started)}
-        for name, skip in planned_checks(matrix, target, launch, random_weights):
+        for name, skip in planned_checks(matrix, target, launch, bool(script)):
             if skip:
                 report.checks.append(Check(name, "skip", skip))
                 continue
@@ -418,11 +508,14 @@ def run_smoke(client, matrix: Matrix, target: str, image: str | None = None, mod
             try:
                 detail = special[name]() if name in special else getattr(checks, name)()
                 check = Check(name, "pass", detail or "")
+            except Skipped as e:
+                check = Check(name, "skip", str(e))
             except (CheckFailed, OSError, KeyError, ValueError) as e:
                 check = Check(name, "fail", f"{type(e).__name__}: {e}" if not isinstance(e, CheckFailed) else str(e))
             check.seconds = round(time.monotonic() - start, 1)
             report.checks.append(check)
             log(f"  {check.name}: {check.status}")
+        report.answers = checks.answers
         return report
     finally:
         if container.created:

@@ -233,25 +233,28 @@ def installed_vllm() -> tuple[str, str] | None:
 
 # -- build-time capability probes: what the launch needs from the base, proven by using it ----------
 
-def test_png(size: int = 8) -> bytes:
-    """A small red PNG, made with the standard library (the probes and the smoke tier send it)."""
+def test_png(size: int = 8, rgb: tuple[int, int, int] = (200, 30, 30)) -> bytes:
+    """A size x size PNG of one colour, made with the standard library (the build's probes, the
+    smoke tier and the trained test model's script all send these)."""
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-    raw = b"".join(b"\x00" + bytes([200, 30, 30]) * size for _ in range(size))
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", size, size, 8, 2, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+    row = b"\x00" + bytes(rgb) * size          # filter type 0, then the pixels
+    header = struct.pack(">IIBBBBB", size, size, 8, 2, 0, 0, 0)   # 8-bit truecolour
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header)
+            + chunk(b"IDAT", zlib.compress(row * size, 9)) + chunk(b"IEND", b""))
 
 
-def test_wav(rate: int = 44100, seconds: float = 0.5) -> bytes:
-    """A mono 16-bit sine WAV. 44.1 kHz by default: Gemma 4's audio path then has to resample to
-    its feature extractor's 16 kHz, as it does for most real recordings."""
+def test_wav(rate: int = 44100, seconds: float = 0.5, hz: float = 440.0) -> bytes:
+    """A mono 16-bit WAV of a sine tone at half of full scale. 44.1 kHz by default: Gemma 4's
+    audio path then has to resample to its feature extractor's 16 kHz, as for most recordings."""
+    frames = b"".join(struct.pack("<h", round(16383 * math.sin(2 * math.pi * hz * n / rate)))
+                      for n in range(round(seconds * rate)))
     buf = io.BytesIO()
     with wave.open(buf, "wb") as w:
         w.setnchannels(1)
         w.setsampwidth(2)
         w.setframerate(rate)
-        w.writeframes(b"".join(struct.pack("<h", int(8000 * math.sin(2 * math.pi * 440 * i / rate)))
-                               for i in range(int(rate * seconds))))
+        w.writeframes(frames)
     return buf.getvalue()
 
 

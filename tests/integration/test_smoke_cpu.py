@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from gemma4_images import images, matrix, smoke, tiny_model, traffic
+from testkit import exchanges, trained
 
 pytestmark = pytest.mark.integration
 
@@ -19,18 +20,19 @@ def build_py(*args):
     return subprocess.run([sys.executable, "build.py", *args], cwd=matrix.ROOT, capture_output=True, text=True)
 
 
-def test_cpu_smoke_tier_passes(cpu_image, tmp_path, no_new_containers):
+def test_cpu_smoke_tier_passes(m, cpu_image, tmp_path, no_new_containers):
     report_path = tmp_path / "smoke.json"
     r = build_py("smoke", "cpu", "--tiny", "--report", str(report_path))
     assert r.returncode == 0, r.stdout + r.stderr
     report = json.loads(report_path.read_text())
     status = {c["name"]: c["status"] for c in report["checks"]}
-    must_pass = ["ready", "startup_log", "image_facts", "chat", "chat_stream", "completion", "chat_single_bos",
-                 "raw_prompt_bos", "prompt_logprobs_rejected", "image_input", "audio_input", "bad_requests"]
-    assert {name: status[name] for name in must_pass} == {name: "pass" for name in must_pass}
-    assert status["reasoning"] == "skip"          # random weights cannot reason
+    # Every check applies to the CPU tier's launch and the tiny trained model: nothing is skipped.
+    assert status == {name: "pass" for name, _ in smoke.planned_checks(m, "xeon6", [], True)}, status
     assert report["seconds_to_healthy"] > 0
     assert "CHECK" in r.stdout and "all checks passed" in r.stdout
+    # The quick start's answers: each scripted exchange, question -> what came back.
+    assert "  chat             What is the capital of France? -> Paris." in r.stdout
+    assert sorted(a[0] for a in report["answers"]) == sorted(ex.name for ex in exchanges.EXCHANGES)
 
 
 def test_a_server_that_never_starts_fails_with_its_log_and_leaves_nothing(cpu_image, tmp_path,
@@ -42,15 +44,49 @@ def test_a_server_that_never_starts_fails_with_its_log_and_leaves_nothing(cpu_im
     assert "container log (last lines)" in r.stderr and "  | " in r.stderr
 
 
+SITE = "/opt/venv/lib/python3.11/site-packages"
+# vLLM's own handling of the request parameters the Gaudi pack repairs, broken on purpose (the
+# symptoms that pack fixes on HPU, made here on CPU): (file, text, replacement, times).
+SABOTAGE = [
+    # logit_bias, min_p and min_tokens silently ignored (logitsprocs-rows)
+    ("vllm/v1/sample/logits_processor/builtin.py", "    def apply(self, logits: torch.Tensor) -> torch.Tensor:\n",
+     "    def apply(self, logits: torch.Tensor) -> torch.Tensor:\n        return logits  # SABOTAGED\n", 3),
+    # bad_words not applied (bad-words-index)
+    ("vllm/v1/sample/ops/bad_words.py", ") -> None:\n    for i, bad_words_ids in bad_words_token_ids.items():",
+     ") -> None:\n    return  # SABOTAGED\n    for i, bad_words_ids in bad_words_token_ids.items():", 1),
+    # a seed's generator not used (seeded-sampling)
+    ("vllm/v1/sample/ops/topk_topp_sampler.py", "q[i].exponential_(generator=generator)", "q[i].exponential_()", 2),
+    # top_logprobs ids off by one (gather-logprobs-int32)
+    ("vllm/v1/sample/sampler.py", "topk_logprobs, topk_indices = torch.topk(logprobs, num_logprobs, dim=-1)\n",
+     "topk_logprobs, topk_indices = torch.topk(logprobs, num_logprobs, dim=-1)\n"
+     "        topk_indices = (topk_indices + 1) % logprobs.shape[-1]  # SABOTAGED\n", 1),
+]
+
+
+def sabotaged_files(client, image: str, dest):
+    """The image's own copies of the SABOTAGE files, broken as it says; {host path: container path}."""
+    mounts = {}
+    for rel, old, new, times in SABOTAGE:
+        text = client.containers.run(image, [f"{SITE}/{rel}"], entrypoint=["cat"], remove=True,
+                                     network_mode="host").decode()
+        assert text.count(old) == times, (rel, text.count(old))
+        path = dest / rel.replace("/", "_")
+        path.write_text(text.replace(old, new))
+        path.chmod(0o644)
+        mounts[str(path)] = f"{SITE}/{rel}"
+    return mounts
+
+
 @pytest.fixture(scope="module")
 def plain_server(client, m, cpu_image, tmp_path_factory):
-    """A deliberately broken server, for the checks to fail on: the CPU image without its fixes
-    pack; the model's own tokenizer files instead of the BOS copy, without the config.json beside
-    them (as the BOS copy was before it carried one); and its recipe switched to audio: false."""
+    """A deliberately broken server, for the checks to fail on, serving the tiny trained model: the
+    CPU image without its fixes pack; the model's own tokenizer files instead of the BOS copy,
+    without the config.json beside them (as the BOS copy was before it carried one); its recipe
+    switched to audio: false; and vLLM's sampling parameters broken (SABOTAGE)."""
     image = images.build_target(client, m, "cpu", tokenizer_source=str(tiny_model.ensure()),
                                 tag="gemma4-e2b-test/xeon6:unfixed", log=print,
                                 extra_args={"GEMMA4_FIXES_PROFILE": "", "GEMMA4_FIXES": ""})
-    model = tiny_model.ensure()
+    model = trained.ensure()
     scratch = tmp_path_factory.mktemp("plain")
     tokenizer = scratch / "tokenizer"
     tokenizer.mkdir()
@@ -64,13 +100,15 @@ def plain_server(client, m, cpu_image, tmp_path_factory):
     container, served, args = smoke._container(m, "xeon6", image, str(model), port,
                                                extra_args=["--tokenizer", "/opt/plain/tokenizer"])
     container.with_volume_mapping(str(scratch), "/opt/plain", "ro").with_env("GEMMA4_RECIPE", "/opt/plain/recipe.json")
+    for host, inside in sabotaged_files(client, image, scratch).items():
+        container.with_volume_mapping(host, inside, "ro")
     try:
         container.start()
         smoke.wait_healthy(container.get_wrapped_container(), f"http://127.0.0.1:{port}", 600)
         launch = shlex.split(container.exec(["gemma4-serve", "--print-command", *args]).output.decode())
         log = b"".join(container.get_logs()).decode(errors="replace").splitlines()
-        yield SimpleNamespace(checks=smoke.Checks(f"http://127.0.0.1:{port}", served, launch), launch=launch,
-                              log=log, container=container.get_wrapped_container())
+        checks = smoke.Checks(f"http://127.0.0.1:{port}", served, launch, exchanges.EXCHANGES)
+        yield SimpleNamespace(checks=checks, launch=launch, log=log, container=container.get_wrapped_container())
     finally:
         container.stop()
 
@@ -87,6 +125,25 @@ def test_forced_tool_call_check_fails_without_the_grammar_fix(plain_server):
     checks = plain_server.checks
     with pytest.raises(smoke.CheckFailed, match="tool_calls"):
         checks.tools_forced()
+
+
+def test_auto_tool_call_check_fails_without_the_buffered_args_fix(plain_server):
+    # The model escapes the quote inside Gemma 4's string delimiters; unfixed, the backslashes stay.
+    with pytest.raises(smoke.CheckFailed, match="tool_call_quote: tool_calls"):
+        plain_server.checks.tools_auto()
+
+
+def test_exact_completion_check_fails_without_the_bos_copy(plain_server):
+    with pytest.raises(smoke.CheckFailed, match="unknown \\(no BOS\\)"):
+        plain_server.checks.completion()
+    plain_server.checks.chat()    # the chat template writes <bos> itself: still exact
+
+
+@pytest.mark.parametrize("check", ["logit_bias", "bad_words", "min_tokens", "min_p", "top_logprobs", "seed",
+                                   "mixed_batch"])
+def test_each_sampling_check_fails_where_vllm_ignores_the_parameter(plain_server, check):
+    with pytest.raises(smoke.CheckFailed):
+        getattr(plain_server.checks, check)()
 
 
 def test_startup_log_check_fails_on_a_tokenizer_folder_without_its_config(plain_server):
