@@ -41,9 +41,9 @@ lint: host ## render --check, then hadolint every Dockerfile (each inline ignore
 	$(PY) build.py render --check
 	.venv/bin/hadolint --no-color Dockerfile.* bases/*/Dockerfile
 
-check-fixes: host ## Apply the vllm-gaudi fixes to a checkout and run their tests: VLLM_GAUDI_SRC=DIR
-	@test -n "$(VLLM_GAUDI_SRC)" || { echo "usage: make check-fixes VLLM_GAUDI_SRC=/path/to/vllm-gaudi"; exit 2; }
-	scripts/check-fixes.sh "$(VLLM_GAUDI_SRC)"
+check-fixes: host ## Apply the vllm-gaudi fixes to a checkout and run their tests: VLLM_GAUDI_SRC=DIR [COVERAGE=1 [RECORD=1]] [ALLOW_SKIPS=1]
+	@test -n "$(VLLM_GAUDI_SRC)" || { echo "usage: make check-fixes VLLM_GAUDI_SRC=/path/to/vllm-gaudi [COVERAGE=1 [RECORD=1]] [ALLOW_SKIPS=1]"; exit 2; }
+	scripts/check-fixes.sh $(if $(ALLOW_SKIPS),--allow-skips) $(if $(COVERAGE),--hunk-coverage) $(if $(RECORD),--record) "$(VLLM_GAUDI_SRC)"
 
 port-fixes: host ## Rebase the vllm-gaudi fixes onto another checkout (3-way merge), then test: VLLM_GAUDI_SRC=DIR
 	@test -n "$(VLLM_GAUDI_SRC)" || { echo "usage: make port-fixes VLLM_GAUDI_SRC=/path/to/vllm-gaudi [PYTHON=...] [PORT_ARGS='--out DIR --accept-merge --in-place']"; exit 2; }

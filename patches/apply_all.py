@@ -22,7 +22,10 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_MANIFEST = "/etc/gemma4-e2b/fixes.json"
 FIX_KEYS = {"name": str, "why": str, "package": str, "files": list, "opt_in": bool,
-            "written_against": str, "verified": str, "pre_sha256": dict}
+            "written_against": str, "verified": str, "pre_sha256": dict,
+            # optional, read by the repository's checks (scripts/hunk_coverage.py, FIXES.md), not here
+            "tests": list, "hunks_gaudi_only": list, "hunk_coverage": str, "gaudi_checks": list}
+OPTIONAL_FIX_KEYS = ("tests", "hunks_gaudi_only", "hunk_coverage", "gaudi_checks")
 PROFILE_KEYS = {"name": str, "description": str, "requires": dict, "generic": list, "opt_in": list}
 LABELS = {"vllm": "vllm", "vllm_gaudi": "vllm_gaudi", "gaudi_sw": "Gaudi SW"}  # keys of "requires"
 HUNK_RE = re.compile(r"@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
@@ -351,8 +354,15 @@ def load_fix(pack, name, opt_in):
     if not os.path.isdir(folder):
         raise Failure(f"{what}: the profile names it but its folder {folder} does not exist")
     fix = load_json(os.path.join(folder, "fix.json"), what)
-    check_keys(fix, FIX_KEYS, what)
+    check_keys(fix, FIX_KEYS, what, optional=OPTIONAL_FIX_KEYS)
     pkg, files, pre = fix["package"], fix["files"], fix["pre_sha256"]
+    strings = fix.get("tests", []) + fix.get("gaudi_checks", [])
+    entries = fix.get("hunks_gaudi_only", [])
+    if not all(isinstance(v, str) and v.strip() for v in strings) or not all(
+            isinstance(e, dict) and set(e) == {"match", "why", "gaudi"}
+            and all(isinstance(v, str) and v.strip() for v in e.values()) for e in entries):
+        raise Failure(f"{what}: 'tests' and 'gaudi_checks' must list non-empty strings and 'hunks_gaudi_only' "
+                      f"objects with non-empty strings 'match', 'why' and 'gaudi'")
     if not distinct_names(files):
         raise Failure(f"{what}: key 'files' must list distinct paths")
     outside = [p for p in files if p.split("/")[0] != pkg or {"", ".", ".."} & set(p.split("/"))]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Check the pack's vllm_gaudi fixes against a vllm-gaudi checkout.
 #
-#   scripts/check-fixes.sh VLLM_GAUDI_SRC
+#   scripts/check-fixes.sh [--allow-skips] [--hunk-coverage [--record]] VLLM_GAUDI_SRC
 #
 # 1. copies the files the vllm_gaudi fixes touch from the checkout to a temporary tree;
 # 2. applies every vllm_gaudi fix of profile v0.30.0 present in patches/, in pack order,
@@ -9,14 +9,27 @@
 #    its stated line (fuzz 0, no offset); reports whether each file is the one the fix was
 #    written against (pre_sha256);
 # 3. py_compiles the patched files;
-# 4. runs tests/unit/test_gaudi_fix_*.py with VLLM_GAUDI_SRC set. Their reproduction
-#    tests also need vllm 0.30.0 importable by $PYTHON (default python3); without it they
-#    skip and say so.
-# Exit status: non-zero if a fix does not apply exactly, a file does not compile, or a test fails.
+# 4. runs tests/unit/test_gaudi_fix_*.py with VLLM_GAUDI_SRC set. They need vllm 0.30.0
+#    importable by $PYTHON (default python3); a test that cannot run (no vllm, no xgrammar)
+#    fails, unless --allow-skips (then it skips and says so);
+# 5. with --hunk-coverage: scripts/hunk_coverage.py drops each hunk of each fix in turn and
+#    runs that fix's tests (fix.json "tests"); --record writes the figures into fix.json.
+# Exit status: non-zero if a fix does not apply exactly, a file does not compile, a test
+# fails or (without --allow-skips) skips, or a hunk's removal goes unnoticed.
 set -euo pipefail
 
-if [ $# -ne 1 ] || [ ! -d "$1/vllm_gaudi" ]; then
-    echo "usage: $0 VLLM_GAUDI_SRC   (a vllm-gaudi checkout: the directory holding vllm_gaudi/)" >&2
+ALLOW_SKIPS= COVERAGE= RECORD=
+while [ $# -gt 1 ]; do
+    case "$1" in
+        --allow-skips) ALLOW_SKIPS=1 ;;
+        --hunk-coverage) COVERAGE=1 ;;
+        --record) RECORD=--record ;;
+        *) break ;;
+    esac
+    shift
+done
+if [ $# -ne 1 ] || [ ! -d "$1/vllm_gaudi" ] || { [ -n "$RECORD" ] && [ -z "$COVERAGE" ]; }; then
+    echo "usage: $0 [--allow-skips] [--hunk-coverage [--record]] VLLM_GAUDI_SRC   (a vllm-gaudi checkout: the directory holding vllm_gaudi/)" >&2
     exit 2
 fi
 SRC=$(cd "$1" && pwd)
@@ -85,6 +98,14 @@ for path in files:
     print(f"  compiles      {path}")
 EOF
 
-echo "tests (VLLM_GAUDI_SRC=$SRC, $("$PYTHON" -c 'import sys; print(sys.executable)')):"
+echo "tests (VLLM_GAUDI_SRC=$SRC, $("$PYTHON" -c 'import sys; print(sys.executable)'))$([ -n "$ALLOW_SKIPS" ] && echo ', skips allowed'):"
 cd "$REPO"
-VLLM_GAUDI_SRC="$SRC" "$PYTHON" -m pytest --noconftest -p no:cacheprovider -q -rs tests/unit/test_gaudi_fix_*.py
+NO_SKIP=1
+[ -n "$ALLOW_SKIPS" ] && NO_SKIP=0
+VLLM_GAUDI_SRC="$SRC" GEMMA4_GAUDI_FIXES_NO_SKIP=$NO_SKIP \
+    "$PYTHON" -m pytest --noconftest -p no:cacheprovider -q -rs tests/unit/test_gaudi_fix_*.py
+
+if [ -n "$COVERAGE" ]; then
+    echo "hunk coverage (each hunk dropped in turn, its fix's tests run):"
+    PYTHON="$PYTHON" "$PYTHON" "$REPO/scripts/hunk_coverage.py" $RECORD "$SRC"
+fi

@@ -1,16 +1,13 @@
 """Helpers for the tests of the vllm_gaudi-level fixes (tests/unit/test_gaudi_fix_*.py).
 
-Two kinds of tests use them:
-
-* CI tests, which need neither vllm nor vllm-gaudi. They test the small pure
-  functions each fix adds. Those functions are taken from the ``+`` lines of the
-  fix's own ``fix.diff`` (``added_functions``), so the code under test is exactly
-  the code the pack ships; nothing is copied by hand.
-* Reproduction tests, which import a vllm-gaudi file (for example
-  ``vllm_gaudi/v1/worker/hpu_input_batch.py``) from a checkout named by the
-  environment variable ``VLLM_GAUDI_SRC``, against an importable vllm 0.30.0,
-  once as upstream has it and once with the pack's fixes applied by the pack's
-  own applier (``patches/apply_all.py``, exact placement, no fuzz).
+Every test imports vllm-gaudi code from a checkout named by the environment
+variable ``VLLM_GAUDI_SRC``, against an importable vllm 0.30.0, once as upstream
+has it and once with the pack's fixes applied by the pack's own applier
+(``patches/apply_all.py``, exact placement, no fuzz): the code under test is the
+patched file itself, never the diff's text. Without a checkout or vLLM the tests
+skip, or fail when ``GEMMA4_GAUDI_FIXES_NO_SKIP=1`` (what check-fixes and CI's
+tests/integration/test_gaudi_fix_reproductions.py set). ``GEMMA4_FIXES_PACK``
+points them at another pack directory (the hunk-coverage check's mutants).
 
 The only HPU-only import of hpu_input_batch.py is ``vllm_gaudi.utils`` (which
 imports habana_frameworks). The stub put in its place holds that module's own
@@ -19,7 +16,9 @@ with ``ast`` and bound to ``device="cpu"``.
 """
 import ast
 import functools
+import importlib
 import json
+import linecache
 import os
 import sys
 import textwrap
@@ -28,7 +27,7 @@ import types
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PACK = os.path.join(REPO, "patches")
+PACK = os.environ.get("GEMMA4_FIXES_PACK") or os.path.join(REPO, "patches")
 PROFILE = "v0.30.0"
 
 
@@ -56,51 +55,21 @@ def fix_diff(name):
         return f.read()
 
 
-def added_lines(name, path):
-    """The '+' lines (without the '+') that fix `name` adds to `path`, hunk by hunk."""
-    applier = load_applier()
-    hunks = applier.parse_diff(fix_diff(name), f"fix {name}")[path]
-    return [[text for tag, text in hunk.lines if tag == "+"] for hunk in hunks]
-
-
-def added(name, path):
-    """Every '+' line fix `name` adds to `path`, stripped, across its hunks."""
-    return [line.strip() for lines in added_lines(name, path) for line in lines]
-
-
-def added_source(name, path, func):
-    """Source of the top-level function `func` that fix `name` adds to `path`.
-
-    The function must be added whole inside one hunk (it is new code, not an
-    edit of upstream lines), which this checks by parsing exactly those lines.
-    """
-    for lines in added_lines(name, path):
-        text = "".join(lines)
-        try:
-            tree = ast.parse(textwrap.dedent(text))
-        except SyntaxError:
-            continue
-        for node in tree.body:
-            if isinstance(node, ast.FunctionDef) and node.name == func:
-                return ast.get_source_segment(textwrap.dedent(text), node)
-    raise AssertionError(f"fix {name} does not add a whole function {func}() to {path}")
-
-
-def added_functions(name, path, *funcs, namespace=None):
-    """Compile the functions `funcs` that fix `name` adds to `path`; return them."""
-    ns = dict(namespace or {})
-    for func in funcs:
-        exec(compile(added_source(name, path, func), f"<{name}:{path}:{func}>", "exec"), ns)
-    return [ns[f] for f in funcs] if len(funcs) > 1 else ns[funcs[0]]
-
-
 # ------------------------------------------------------------ checkout-based tests
+def unavailable(reason):
+    """Skip, or fail when GEMMA4_GAUDI_FIXES_NO_SKIP=1: a reproduction that did not run proves nothing."""
+    if os.environ.get("GEMMA4_GAUDI_FIXES_NO_SKIP") == "1":
+        pytest.fail(f"{reason} (GEMMA4_GAUDI_FIXES_NO_SKIP=1: a skipped reproduction is a failure)", pytrace=False)
+    pytest.skip(reason)
+
+
 def gaudi_src_or_skip():
     src = os.environ.get("VLLM_GAUDI_SRC")
     if not src:
-        pytest.skip("VLLM_GAUDI_SRC is not set (needs a vllm-gaudi checkout; CI has none)")
+        unavailable("VLLM_GAUDI_SRC is not set (needs a vllm-gaudi checkout: make check-fixes, or CI's "
+                    "tests/integration/test_gaudi_fix_reproductions.py)")
     if not os.path.isfile(os.path.join(src, "vllm_gaudi", "v1", "worker", "hpu_input_batch.py")):
-        pytest.skip(f"VLLM_GAUDI_SRC={src} is not a vllm-gaudi checkout")
+        unavailable(f"VLLM_GAUDI_SRC={src} is not a vllm-gaudi checkout")
     return src
 
 
@@ -108,11 +77,22 @@ def vllm_or_skip():
     try:
         import vllm  # noqa: F401
         import vllm.v1.sample.metadata  # noqa: F401
+        missing = None
     except Exception as err:  # pragma: no cover - depends on the environment
-        pytest.skip(f"vllm is not importable here ({type(err).__name__}: {err}); run with a vllm 0.30.0 venv")
+        missing = f"{type(err).__name__}: {err}"
+    if missing:
+        unavailable(f"vllm is not importable here ({missing}); run with a vllm 0.30.0 venv")
     import vllm
     if not vllm.__version__.startswith("0.30.0"):
-        pytest.skip(f"needs vllm 0.30.0, found {vllm.__version__}")
+        unavailable(f"needs vllm 0.30.0, found {vllm.__version__}")
+
+
+def import_or_skip(name):
+    try:
+        return importlib.import_module(name)
+    except ImportError as err:
+        missing = str(err)
+    unavailable(f"{name} is not importable here ({missing})")
 
 
 def checkout_or_skip():
@@ -134,6 +114,11 @@ def file_text(src, path, fixes=(), exact=True):
     exact: each hunk must match at its stated line (true when all earlier fixes
     of the pack on this file are applied too); otherwise the applier's unique
     exact match elsewhere (an offset, never fuzz) is accepted."""
+    return _file_text(src, path, tuple(fixes), exact)
+
+
+@functools.lru_cache(maxsize=None)  # the pack and the checkout do not change while tests run
+def _file_text(src, path, fixes, exact):
     applier = load_applier()
     with open(os.path.join(src, path), encoding="utf-8") as f:
         lines = applier.split_lines(f.read())
@@ -143,6 +128,17 @@ def file_text(src, path, fixes=(), exact=True):
             lines, notes = applier.apply_hunks(lines, hunks)
             assert not (exact and notes), f"fix {name} applies only at an offset: {notes}"
     return "".join(lines)
+
+
+def compile_patched(code, src, path, fixes, whole=None):
+    """compile() of code from a checkout file (`whole`: the file's patched text, when `code` is a
+    part of it placed at its own line numbers); with fixes, under a name of its own whose lines
+    tracebacks show from the patched text (the file on disk has other line numbers)."""
+    filename = os.path.join(src, path) + (" (with the pack's fixes)" if fixes else "")
+    if fixes:
+        text = whole if whole is not None else code
+        linecache.cache[filename] = (len(text), None, text.splitlines(keepends=True), filename)
+    return compile(code, filename, "exec")
 
 
 def _cpu_utils_stub(src):
@@ -165,7 +161,7 @@ def _cpu_utils_stub(src):
 def load_input_batch(src, fixes=(), exact=True):
     """Import hpu_input_batch.py from the checkout (with `fixes` applied) on CPU."""
     path = "vllm_gaudi/v1/worker/hpu_input_batch.py"
-    code = compile(file_text(src, path, fixes, exact), os.path.join(src, path), "exec")
+    code = compile_patched(file_text(src, path, fixes, exact), src, path, fixes)
     saved = {k: sys.modules.get(k) for k in ("vllm_gaudi", "vllm_gaudi.utils")}
     pkg = types.ModuleType("vllm_gaudi")
     pkg.__path__ = []
@@ -201,6 +197,11 @@ def make_request(mod, req_id, prompt, output=(), **sampling):
                                   num_computed_tokens=0, output_token_ids=list(output))
 
 
+@functools.lru_cache(maxsize=16)
+def _parsed(text):
+    return ast.parse(text)
+
+
 def defs_from_file(src, path, fixes, names, namespace, cls=None, exact=True):
     """Compile the top-level definitions `names` of `path` (functions and classes
     with their decorators, and simple assignments; or, with `cls`, the methods of
@@ -209,7 +210,7 @@ def defs_from_file(src, path, fixes, names, namespace, cls=None, exact=True):
     out. Only those definitions run: the module's imports do not."""
     text = file_text(src, path, fixes, exact)
     lines = text.splitlines(keepends=True)
-    body = ast.parse(text).body
+    body = _parsed(text).body
     if cls is not None:
         body = next(n for n in body if isinstance(n, ast.ClassDef) and n.name == cls).body
     ns = dict(namespace)
@@ -223,6 +224,14 @@ def defs_from_file(src, path, fixes, names, namespace, cls=None, exact=True):
             continue
         if set(defined) & set(names):
             first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-            source = textwrap.dedent("".join(lines[first - 1:node.end_lineno]))
-            exec(compile(source, os.path.join(src, path), "exec"), ns)
+            # blank lines first, so tracebacks name the file's own line numbers
+            source = "\n" * (first - 1) + textwrap.dedent("".join(lines[first - 1:node.end_lineno]))
+            exec(compile_patched(source, src, path, fixes, whole=text), ns)
     return {name: ns[name] for name in names if name in ns}
+
+
+def defs(src, path, fixes, names, namespace=None, cls=None):
+    """defs_from_file's objects for `names`, in that order, failing if the file lacks one."""
+    found = defs_from_file(src, path, fixes, names, dict(namespace or {}), cls=cls)
+    assert set(found) == set(names), f"{path} with {list(fixes)} lacks {set(names) - set(found)}"
+    return [found[n] for n in names]

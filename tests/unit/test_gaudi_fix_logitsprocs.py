@@ -5,32 +5,32 @@ Upstream never feeds the batch-update builder nor calls the logits processors'
 update_state(), so vLLM's built-in MinP / LogitBias / MinTokens processors hold no
 request and change nothing. The fix records adds / removals / swaps / condense moves
 as vLLM's GPU input batch does, updates the processors once per step
-(InputBatch.update_logitsprocs(), called by sample_tokens), and maps each row of a
+(InputBatch.update_logitsprocs(): from sample_tokens, or from execute_model on a step
+that schedules no tokens and so never reaches sample_tokens), and maps each row of a
 selective batch's logits to the persistent-batch index the processors are keyed by.
 
-CI part: the added first_row_of_each_index(), taken from the fix's own fix.diff.
-Checkout part (VLLM_GAUDI_SRC + vllm 0.30.0): the real InputBatch on CPU with vLLM's
-real built-in processors and, for the end-to-end cases, vLLM's real Sampler.
+All of it runs vllm-gaudi's own code from the checkout (VLLM_GAUDI_SRC + vllm 0.30.0):
+the real InputBatch on CPU with vLLM's real built-in processors and Sampler, and the
+runner's real step (tests/gaudi_runner.py) for the call sites.
 """
 import os
 import sys
-import types
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import gaudi_fixes_helpers as h  # noqa: E402
+import gaudi_runner as gr  # noqa: E402
 from gaudi_fixes_helpers import src  # noqa: E402,F401  (the checkout fixture)
 
 BATCH = "vllm_gaudi/v1/worker/hpu_input_batch.py"
-RUNNER = "vllm_gaudi/v1/worker/hpu_model_runner.py"
 FIXED = ["sampling-rows-refresh", "bad-words-index", "logitsprocs-rows"]  # the pack's fixes of hpu_input_batch.py
 VOCAB = 32
 
 
-# ------------------------------------------------------------------ CI: pure function, call site
-def test_first_row_of_each_index():
-    first = h.added_functions("logitsprocs-rows", BATCH, "first_row_of_each_index")
+# ------------------------------------------------------------------ the function the fix adds
+def test_first_row_of_each_index(src):
+    (first,) = h.defs(src, BATCH, FIXED, ["first_row_of_each_index"])
     assert first([1]) == ([0], [1])                       # a prefill of persistent row 1, sampled alone
     assert first([0, 1, 2]) == ([0, 1, 2], [0, 1, 2])
     assert first([2, 0]) == ([0, 1], [2, 0])
@@ -38,23 +38,61 @@ def test_first_row_of_each_index():
     assert first([]) == ([], [])
 
 
-def test_runner_updates_logitsprocs_once_per_step():
-    assert "self.input_batch.update_logitsprocs(output_token_ids_kept=not self.use_async_scheduling)" in \
-        h.added("logitsprocs-rows", RUNNER)
+# ------------------------------------------------------------------ the runner's step: call sites
+def _engine(fixes, table):
+    return gr.Engine(h.gaudi_src_or_skip(), fixes, gr.logits_table(table, VOCAB))
 
 
-# ------------------------------------------------------------------ checkout: real InputBatch + processors
-def _processors():
-    from vllm.v1.sample.logits_processor import LogitsProcessors
-    from vllm.v1.sample.logits_processor.builtin import (LogitBiasLogitsProcessor, MinPLogitsProcessor,
-                                                         MinTokensLogitsProcessor)
-    config = types.SimpleNamespace(scheduler_config=types.SimpleNamespace(max_num_seqs=4))
-    return LogitsProcessors([MinPLogitsProcessor(config, "cpu", False), LogitBiasLogitsProcessor(config, "cpu", False),
-                             MinTokensLogitsProcessor(config, "cpu", False)])
+def _greedy(**kw):
+    from vllm.sampling_params import SamplingParams
+    return SamplingParams(temperature=0.0, **kw)
 
 
+def _bias_after_an_idle_step(fixes):
+    """A runs and finishes. The next step schedules no tokens (vLLM still runs it to hand over the
+    finished request; warm-up's clean-up step is one): execute_model returns before sample_tokens.
+    Then B, with logit_bias, is added into the row A left. Returns B's tokens over two steps."""
+    eng = _engine(fixes, {"A": {3: 5.0}, "B": {7: 5.0}})
+    eng.step(new={"A": ([1, 2], _greedy(logit_bias={4: 100.0}), 2)})
+    assert eng.step({}, finished=["A"]) == {}  # the idle step
+    first = eng.step(new={"B": ([5, 6], _greedy(logit_bias={9: 100.0}), 2)})
+    return first["B"] + eng.step({"B": 1})["B"]
+
+
+def test_upstream_ignores_logit_bias_in_the_runner(src):
+    assert _bias_after_an_idle_step([]) == [7, 7], "upstream: logit_bias ignored"
+
+
+def test_fixed_logit_bias_after_an_idle_step(src):
+    assert _bias_after_an_idle_step(h.gaudi_fixes()) == [9, 9]
+
+
+def test_fixed_logit_bias_after_warm_up(src):
+    """The runner's own warm-up sequence (_execute_dummy_scenario): a dummy step in warm-up mode,
+    sample_tokens, then the clean-up step with no tokens; the first request served lands in the
+    dummy's row."""
+    eng = _engine(h.gaudi_fixes(), {"B": {7: 5.0}})
+    runner = eng.runner
+    dummy = eng.step(new={"0": ([1, 2, 3], _greedy(), 3)}, warmup=True)
+    assert dummy == {"0": [0]}
+    assert eng.step({}, finished=["0"], warmup=True) == {}
+    assert runner.input_batch.num_reqs == 0
+    assert eng.step(new={"B": ([5], _greedy(logit_bias={9: 100.0}), 1)}) == {"B": [9]}
+
+
+def test_fixed_min_tokens_through_the_runner(src):
+    """min_tokens 2 with stop token 7, which the logits favour: the first two tokens are the
+    runner-up; the runner grows output_token_ids itself (sync scheduling)."""
+    eng = _engine(h.gaudi_fixes(), {"B": {7: 5.0, 11: 4.0}})
+    got = eng.step(new={"B": ([4], _greedy(min_tokens=2, stop_token_ids=[7]), 1)})["B"]
+    for _ in range(2):
+        got += eng.step({"B": 1})["B"]
+    assert got == [11, 11, 7]
+
+
+# ------------------------------------------------------------------ the real InputBatch + processors
 def _batch(mod, *requests):
-    b = h.make_batch(mod, vocab_size=VOCAB, logitsprocs=_processors())
+    b = h.make_batch(mod, vocab_size=VOCAB, logitsprocs=gr.processors())
     for req in requests:
         b.add_request(req)
     b.refresh_sampling_metadata()  # what _update_states does when the batch changed
