@@ -59,10 +59,10 @@ def snapshot(dest: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def test_image(client, m):
+def test_image(client, cpu_base):
     from gemma4_images import wheels
     from gemma4_images.docker_build import BuildSpec, build
-    base = localbase.cpu_base(client, m.targets["xeon6"].base.local, log)
+    base = cpu_base
     with tempfile.TemporaryDirectory() as ctx:
         (Path(ctx) / "wheels").mkdir()
         for requirement in PYTEST_WHEELS:
