@@ -4,7 +4,7 @@ PY := .venv/bin/python
 PYTEST_ARGS ?= -m "not device"
 
 .DEFAULT_GOAL := help
-.PHONY: help host quickstart image images base render lint smoke check-fixes port-fixes test list bench
+.PHONY: help host quickstart image images base render lint lock smoke check-fixes port-fixes test list bench
 
 help: ## Show targets and variables
 	@echo "usage: make <target> [HW=<hardware>]"
@@ -37,9 +37,14 @@ base: host ## Build HW's local stand-in base without a registry (cpu only)
 render: host ## Re-render Dockerfile.* and image/recipes/ from targets.yaml
 	$(PY) build.py render
 
-lint: host ## render --check, then hadolint every Dockerfile (each inline ignore says why)
+lint: host ## render --check, ruff (lint and format), then hadolint every Dockerfile (each inline ignore says why)
 	$(PY) build.py render --check
+	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
 	.venv/bin/hadolint --no-color Dockerfile.* bases/*/Dockerfile
+
+lock: host ## Re-resolve requirements/*.in into the hashed locks make installs from; commit them
+	scripts/lock.sh
 
 check-fixes: host ## Apply the vllm-gaudi fixes to a checkout and run their tests: VLLM_GAUDI_SRC=DIR [COVERAGE=1 [RECORD=1]] [ALLOW_SKIPS=1]
 	@test -n "$(VLLM_GAUDI_SRC)" || { echo "usage: make check-fixes VLLM_GAUDI_SRC=/path/to/vllm-gaudi [COVERAGE=1 [RECORD=1]] [ALLOW_SKIPS=1]"; exit 2; }

@@ -242,10 +242,10 @@ def build_bench(client, log, base: str | None = None, with_base: bool = False) -
     if with_base and not base:
         log(f"bench: cold build of the local base as {BASE_BENCH_TAG} (no cache)")
         t = time.monotonic()
-        localbase.cpu_base(client, BASE_BENCH_TAG, log, nocache=True)
+        localbase.cpu_base(client, m, log, tag=BASE_BENCH_TAG, nocache=True)
         base_cold_s = time.monotonic() - t
         client.images.remove(BASE_BENCH_TAG, noprune=False)
-    base = base or localbase.cpu_base(client, m.targets[TARGET].base.local, log)
+    base = base or localbase.cpu_base(client, m, log)
     tokenizer = str(tiny_model.ensure())
     rows: list[Scenario] = []
     with tempfile.TemporaryDirectory(prefix="gemma4-bench-") as tmp:
@@ -408,7 +408,7 @@ def harness_json(stdout: str) -> dict:
 def serving_bench(client, log, image: str = CPU_IMAGE) -> dict:
     if client.images.list(name=image) == []:
         m = matrix.load()
-        localbase.cpu_base(client, m.targets[TARGET].base.local, log)
+        localbase.cpu_base(client, m, log)
         images.build_target(client, m, "cpu", tokenizer_source=str(tiny_model.ensure()), tag=image, log=log)
     offline, off_s, shipped = run_harness(client, image, OFFLINE_TINY, log)
     served, srv_s, _ = run_harness(client, image, SERVED_TINY, log)
@@ -475,7 +475,7 @@ def time_to_health(client, image: str, args: list[str], entrypoint: list[str] | 
 def startup_bench(client, log, image: str = CPU_IMAGE, rounds: int = STARTUP_ROUNDS) -> dict:
     """Alternating rounds (bare first) so that drift on the machine touches both sides alike."""
     m = matrix.load()
-    base = localbase.cpu_base(client, m.targets[TARGET].base.local, log)
+    base = localbase.cpu_base(client, m, log)
     model = tiny_model.ensure()
     ours, bare = startup_commands(client, image)
     times: dict[str, list[float]] = {"bare": [], "ours": []}

@@ -141,4 +141,4 @@ def build_local_base(client, matrix: Matrix, name: str, log, nocache=False) -> s
         raise BaseUnavailable(f"{name} has no local stand-in base; only "
                               + ", ".join(n for n, t in matrix.targets.items() if t.base.local)
                               + " can be built without a registry")
-    return localbase.cpu_base(client, target.base.local, log, nocache=nocache)
+    return localbase.cpu_base(client, matrix, log, tag=target.base.local, nocache=nocache)

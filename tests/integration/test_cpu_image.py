@@ -55,5 +55,5 @@ def test_chat_template_is_where_the_flag_points(client, cpu_image):
 
 def test_local_base_is_reused_not_rebuilt(client, m, cpu_image):
     lines = []
-    localbase.cpu_base(client, m.targets["xeon6"].base.local, lines.append)
+    localbase.cpu_base(client, m, lines.append)
     assert lines == [f"{m.targets['xeon6'].base.local} is up to date"]

@@ -47,12 +47,9 @@ def test_an_invalid_reference_is_one_line_before_the_engine_is_asked(tmp_path, a
 
 
 def test_an_engine_refusal_validation_missed_is_one_line(monkeypatch, capsys):
-    import importlib.util
-
     from docker.errors import APIError
-    spec = importlib.util.spec_from_file_location("build_cli", ROOT / "build.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+
+    from gemma4_images import cli as module
 
     def refuse():
         raise APIError("400 Client Error", explanation='invalid reference format: repository name must be lowercase')

@@ -1,0 +1,401 @@
+"""gemma4-images: build, run and inspect the Gemma 4 E2B IT serving images in targets.yaml.
+
+The command line behind `python build.py` and the `gemma4-images` console script."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+
+from docker.errors import APIError
+
+from gemma4_images import images, matrix as matrix_mod, registry as registry_api, render, running, tokenizer_copy
+from gemma4_images import upstream, wheels
+from gemma4_images.docker_build import BaseUnavailable, BuildFailed, DockerUnavailable, connect, local_image
+from gemma4_images.localbase import LocalBaseError
+from gemma4_images.matrix import MatrixError
+from gemma4_images.tokenizer_copy import TokenizerError
+
+EXPECTED = (MatrixError, DockerUnavailable, BaseUnavailable, LocalBaseError, upstream.UpstreamError,
+            TokenizerError, wheels.WheelsError)
+
+
+def fail(message: str, code: int = 1):
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+def log(line: str) -> None:
+    click.echo(line, err=True)
+
+
+def load():
+    try:
+        return matrix_mod.load()
+    except MatrixError as e:
+        fail(str(e), 2)
+
+
+def parse_build_args(pairs) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        if "=" not in pair:
+            fail(f"--build-arg {pair!r}: expected KEY=VALUE", 2)
+        key, value = pair.split("=", 1)
+        out[key] = value
+    return out
+
+
+def reference(ctx, param, value):
+    """click callback: an image reference the engine will take, or one line and exit 2 (before the
+    engine answers with a traceback)."""
+    if value is None:
+        return None
+    what = param.opts[0] if param.opts[0].startswith("-") else param.name.upper()
+    try:
+        return registry_api.check_reference(value, what)
+    except registry_api.BadReference as e:
+        fail(str(e), 2)
+
+
+def registry_spec(ctx, param, value):
+    try:
+        return registry_api.check_registry_spec(value)
+    except registry_api.BadReference as e:
+        fail(str(e), 2)
+
+
+def tiny_tag(m, name: str) -> str:
+    """Images that bake the tiny test tokenizer never carry the real tag."""
+    return f"{m.tag(name)}-tiny"
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def cli():
+    """Build, run and inspect the gemma4-e2b images defined in targets.yaml."""
+
+
+@cli.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def list_targets(as_json):
+    """Every target: name, family, base image, vLLM version, tag."""
+    m = load()
+    rows = [{"target": n, "aliases": t.aliases, "family": t.family, "hardware": t.hardware,
+             "base": t.base.ref, "vllm": m.project.vllm_version, "tag": m.tag(n)}
+            for n, t in m.targets.items()]
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    fmt = "{:<15} {:<7} {:<26} {:<44} {:<7} {}"
+    click.echo(fmt.format("TARGET", "FAMILY", "HARDWARE", "BASE", "VLLM", "TAG"))
+    for r in rows:
+        name = r["target"] + (f" ({','.join(r['aliases'])})" if r["aliases"] else "")
+        click.echo(fmt.format(name, r["family"], r["hardware"], r["base"], r["vllm"], r["tag"]))
+
+
+@cli.command("render")
+@click.option("--check", is_flag=True, help="Fail if the committed files differ from a fresh render.")
+def render_cmd(check):
+    """Write Dockerfile.<family> and image/recipes/*.json from targets.yaml and templates/."""
+    m = load()
+    if check:
+        stale = render.drift(m)
+        if stale:
+            fail("generated files are out of date: " + ", ".join(stale)
+                 + "\nfix: run `python build.py render` (or `make render`) and commit the result")
+        click.echo("generated files are up to date")
+        return
+    changed = render.write(m)
+    click.echo("wrote " + ", ".join(changed) if changed else "nothing to change")
+
+
+@cli.command("stage")
+@click.option("--tokenizer-source", metavar="DIR_OR_HUB_ID", help="As for `build`.")
+def stage_cmd(tokenizer_source):
+    """Put what the Dockerfiles COPY from .build/ in place: the upstream files serve flags name and
+    each target's BOS tokenizer copy (needed by a plain `docker build` or `docker buildx bake`)."""
+    m = load()
+    try:
+        for path in upstream.stage(m):
+            click.echo(path)
+        for name in m.targets:
+            click.echo(tokenizer_copy.stage(m, name, tokenizer_source)[0])
+    except EXPECTED as e:
+        fail(str(e))
+
+
+@cli.command()
+@click.argument("targets", nargs=-1, required=True)
+@click.option("--base-image", callback=reference, help="Build on this image instead of the target's base.")
+@click.option("--tag", callback=reference, help="Tag to apply (default gemma4-e2b:<target>-v<vllm>); one target only.")
+@click.option("--no-cache", is_flag=True)
+@click.option("--dry-run", is_flag=True, help="Print the equivalent `docker build` and stop.")
+@click.option("--build-arg", "build_args", multiple=True, metavar="KEY=VALUE")
+@click.option("--tokenizer-source", metavar="DIR_OR_HUB_ID",
+              help="Where the BOS tokenizer copy comes from (default: the target's model on the hub, "
+                   "with HF_TOKEN from the environment).")
+@click.option("--tiny", is_flag=True, help="Bake the tiny test model's tokenizer (no hub) and tag "
+              "<tag>-tiny: the image `smoke --tiny` serves.")
+@click.option("-v", "--verbose", is_flag=True, help="Stream every build step's output.")
+def build(targets, base_image, tag, no_cache, dry_run, build_args, tokenizer_source, tiny, verbose):
+    """Build TARGETS (names or aliases; `all` for every target)."""
+    m = load()
+    names = list(m.targets) if targets == ("all",) else []
+    try:
+        names = names or [m.resolve(t) for t in targets]
+    except MatrixError as e:
+        fail(str(e), 2)
+    if tag and len(names) > 1:
+        fail("--tag names one image; give one target", 2)
+    extra = parse_build_args(build_args)
+    if tiny and tokenizer_source:
+        fail("--tiny and --tokenizer-source both name the tokenizer; give one", 2)
+    if tiny:
+        from gemma4_images import tiny_model
+        tokenizer_source = str(tiny_model.ensure())
+    if dry_run:
+        for name in names:
+            click.echo(images.dry_run(m, name, base_image, tag, no_cache, tokenizer_source, extra))
+        return
+    try:
+        client = connect()
+        for name in names:
+            built = images.build_target(client, m, name, base_override=base_image, nocache=no_cache,
+                                        tag=tag or (tiny_tag(m, name) if tiny else None),
+                                        tokenizer_source=tokenizer_source, extra_args=extra, log=log,
+                                        verbose=verbose)
+            click.echo(built)
+    except BuildFailed as e:
+        click.echo("\n".join(f"  | {line}" for line in e.tail), err=True)
+        fail(f"{e}\nno image was tagged")
+    except EXPECTED as e:
+        fail(str(e))
+
+
+@cli.command()
+@click.argument("targets", nargs=-1)
+@click.option("--check", is_flag=True, help="Change nothing; exit 1 if any base's digest moved, is not "
+              "pinned or cannot be resolved.")
+@click.option("--file", "path", type=click.Path(dir_okay=False, path_type=Path), default=matrix_mod.TARGETS_FILE,
+              show_default="targets.yaml", help="The targets file to read and edit.")
+def pin(targets, check, path):
+    """Record each base image's registry digest in targets.yaml (TARGETS, default all; Gaudi's
+    stage-1 image for gaudi2), keeping its comments and layout; builds then pull image@digest."""
+    from gemma4_images import pin as pin_mod
+    try:
+        m = matrix_mod.load(path)
+        names = [m.resolve(t) for t in targets] if targets and targets != ("all",) else list(m.targets)
+    except MatrixError as e:
+        fail(str(e), 2)
+    results = pin_mod.resolve(pin_mod.bases(m, names))
+    for r in results:
+        click.echo(r.line())
+    unresolved = [r for r in results if r.state in ("error", "missing")]
+    if check:
+        off = [r.state for r in results if r.state != "ok"]
+        if off:
+            counts = ", ".join(f"{n} {state}" for state in ("moved", "unpinned", "missing", "error")
+                               if (n := off.count(state)))
+            fail(f"{len(off)} of {len(results)} bases are not pinned at the registry's digest ({counts}); "
+                 "check the new images, then run `python build.py pin` to pin them")
+        return
+    try:
+        changed = pin_mod.write(path, {r.base.image: r.digest for r in results if r.state in ("moved", "unpinned")})
+    except pin_mod.PinError as e:
+        fail(str(e))
+    click.echo(f"pinned {len(changed)} base(s) in {path}" if changed else f"{path} already pins every digest it could resolve")
+    if changed and path.resolve() == matrix_mod.TARGETS_FILE.resolve():
+        wrote = render.write(matrix_mod.load())
+        click.echo("re-rendered " + ", ".join(wrote))
+    if unresolved:
+        fail(f"{len(unresolved)} base(s) could not be resolved (see above); their digests are unchanged")
+
+
+@cli.command()
+@click.argument("target")
+@click.option("--no-cache", is_flag=True)
+def base(target, no_cache):
+    """Build TARGET's local stand-in base with no registry (Debian packages + a host wheelhouse)."""
+    m = load()
+    try:
+        name = m.resolve(target)
+        click.echo(images.build_local_base(connect(), m, name, log, nocache=no_cache))
+    except BuildFailed as e:
+        click.echo("\n".join(f"  | {line}" for line in e.tail), err=True)
+        fail(f"{e}\nno image was tagged")
+    except EXPECTED as e:
+        fail(str(e))
+
+
+@cli.command(context_settings={"ignore_unknown_options": True})
+@click.argument("target")
+@click.option("--image", callback=reference, help="Image to run (default: the target's tag).")
+@click.option("--print", "print_only", is_flag=True, help="Print the `docker run` line and stop.")
+@click.option("-e", "--env", "env", multiple=True, metavar="KEY=VALUE",
+              help="GEMMA4_VARIANT, GEMMA4_FEATURES, GEMMA4_MODEL or any other variable.")
+@click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED)
+def run(target, image, print_only, env, vllm_args):
+    """Run TARGET's image with the recipe's device flags; VLLM_ARGS are appended to the launch."""
+    m = load()
+    try:
+        m.resolve(target)
+    except MatrixError as e:
+        fail(str(e), 2)
+    env_map = parse_build_args(env)
+    line = running.run_line(m, target, image, env_map, list(vllm_args))
+    if print_only:
+        click.echo(line)
+        return
+    args = [os.path.expandvars(a) for a in running.run_args(m, target, image, env_map, list(vllm_args))]
+    log(line)
+    sys.exit(subprocess.call(args))
+
+
+@cli.command()
+@click.argument("target")
+@click.option("--image", callback=reference, help="Image to test (default: the target's tag).")
+@click.option("--model", help="Hub id, or a local folder mounted into the container.")
+@click.option("--tiny", is_flag=True, help="Serve the tiny Gemma 4 trained on a script (testkit/, no hub "
+              "needed) and check its answers exactly.")
+@click.option("--report", type=click.Path(), help="JSON report path (default reports/smoke-<target>.json).")
+def smoke(target, image, model, tiny, report):
+    """Start TARGET's image, wait for it, run the recipe's checks; non-zero exit on any failure.
+    Exit 3 when this machine lacks the target's accelerator (the tier is skipped, not passed)."""
+    from gemma4_images import smoke as smoke_mod
+    m = load()
+    try:
+        name = m.resolve(target)
+        client = connect()
+    except MatrixError as e:
+        fail(str(e), 2)
+    except EXPECTED as e:
+        fail(str(e))
+    missing = smoke_mod.device_missing(client, m.families[m.targets[name].family].accelerator)
+    if missing:
+        click.echo(f"SKIPPED {name}: {missing}")
+        sys.exit(3)
+    if tiny and model:
+        fail("--tiny and --model both name the model; give one", 2)
+    script = None
+    if tiny:
+        # Test support (testkit/): the tiny Gemma 4 trained on a script of exchanges, so the
+        # answers can be checked exactly. A 1.5 MB model made to test serving, not Gemma 4.
+        from testkit import exchanges, trained
+        model, script = str(trained.ensure()), exchanges.EXCHANGES
+    image = image or (tiny_tag(m, name) if tiny else m.tag(name))
+    if local_image(client, image) is None:
+        fail(f"no local image {image}; build it first (`python build.py build {name}{' --tiny' if tiny else ''}`)")
+    result = smoke_mod.run_smoke(client, m, name, image=image, model=model, script=script, log=log)
+    path = Path(report or f"reports/smoke-{name}.json")
+    result.write(path)
+    if result.answers:
+        click.echo("The tiny trained model's answers (a 1.5 MB model trained on a script, to test serving, not Gemma 4):")
+        click.echo("\n".join(f"  {name:<16} {q} -> {a}" for name, q, a in result.answers) + "\n")
+    click.echo(result.table())
+    if not result.ok:
+        click.echo("\ncontainer log (last lines):\n" + "\n".join(f"  | {line}" for line in result.log_tail[-40:]), err=True)
+        fail(f"smoke test of {result.image} failed; report: {path}")
+    click.echo(f"all checks passed; report: {path}")
+
+
+@cli.command()
+@click.argument("targets", nargs=-1, required=True)
+@click.option("--registry", required=True, metavar="HOST[:PORT]/NAMESPACE", callback=registry_spec)
+@click.option("--image", callback=reference, help="Local image to push (one target only; default: the target's tag).")
+@click.option("--moving-tag", is_flag=True, help="Also move the plain <target> tag.")
+@click.option("--skip-smoke", is_flag=True, help="Push without a passing smoke report (loudly).")
+@click.option("--allow-dirty", is_flag=True, help="Push an image built from uncommitted changes.")
+def push(targets, registry, image, moving_tag, skip_smoke, allow_dirty):
+    """Tag and push TARGETS' images; prints each digest and records them in reports/pushed.json."""
+    from gemma4_images import publish
+    m = load()
+    if image and len(targets) > 1:
+        fail("--image names one image; give one target", 2)
+    try:
+        names = [m.resolve(t) for t in targets]
+    except MatrixError as e:
+        fail(str(e), 2)
+    try:
+        entries = publish.push(connect(), m, names, registry, moving_tag=moving_tag, skip_smoke=skip_smoke,
+                               allow_dirty=allow_dirty, sources={names[0]: image} if image else None, log=log)
+    except (publish.PushError, *EXPECTED) as e:
+        fail(str(e))
+    for entry in entries:
+        click.echo(f"{entry['repository']}@{entry['digest']}")
+
+
+@cli.command()
+@click.argument("target")
+@click.option("--replicas", default=1, show_default=True)
+@click.option("--image", callback=reference, help="Image reference (default: the last pushed digest, else the tag).")
+@click.option("--pvc", default="gemma4-e2b-hf-cache", show_default=True, help="Claim for the HF cache.")
+@click.option("--no-pvc", is_flag=True, help="Keep the HF cache in an emptyDir instead.")
+@click.option("--secret", default="hf-token", show_default=True, help="Secret holding HF_TOKEN.")
+def k8s(target, replicas, image, pvc, no_pvc, secret):
+    """Print a Kubernetes Deployment + Service for TARGET."""
+    from gemma4_images import k8s as k8s_mod, publish
+    m = load()
+    try:
+        name = m.resolve(target)
+    except MatrixError as e:
+        fail(str(e), 2)
+    click.echo(k8s_mod.render_k8s(m, name, replicas, image=image or publish.pushed_ref(name) or m.tag(name),
+                                  hf_cache_pvc=None if no_pvc else pvc, hf_token_secret=secret), nl=False)
+
+
+@cli.command()
+@click.argument("image", callback=reference)
+def inspect(image):
+    """Labels, healthcheck and /etc/gemma4-e2b/build.json of a local IMAGE."""
+    try:
+        client = connect()
+        img = local_image(client, image)
+        if img is None:
+            fail(f"no local image {image!r}; build it first (`python build.py build <target>`)")
+        info = running.describe(img)
+        info["build.json"] = running.build_json(client, image)
+    except EXPECTED as e:
+        fail(str(e))
+    click.echo(json.dumps(info, indent=2))
+
+
+@cli.command("bench")
+@click.option("--no-build", "skip_build", is_flag=True, help="Skip the build-system benchmark.")
+@click.option("--no-serving", "skip_serving", is_flag=True, help="Skip the serving harness run.")
+@click.option("--no-startup", "skip_startup", is_flag=True,
+              help="Skip the start-up benchmark (our image against bare vllm serve, ~6 min).")
+@click.option("--no-load", "skip_load", is_flag=True, help="Skip the load, client-fault and stop benchmark.")
+@click.option("--with-base", is_flag=True,
+              help="Also time a no-cache build of the local CPU base (~3.5 min; re-tags the base).")
+def bench_cmd(skip_build, skip_serving, skip_startup, skip_load, with_base):
+    """Cold/no-change/one-patch/one-entrypoint-line rebuilds, image overhead, gemma4-bench in the CPU
+    image with the tiny model, and start-up time against bare vllm serve; regenerates BENCHMARKS.md."""
+    from gemma4_images import bench
+    try:
+        results = bench.main(log, build=not skip_build, serving=not skip_serving, with_base=with_base,
+                             startup=not skip_startup, load=not skip_load)
+    except BuildFailed as e:
+        click.echo("\n".join(f"  | {line}" for line in e.tail), err=True)
+        fail(f"{e}\nno image was tagged")
+    except (RuntimeError, *EXPECTED) as e:
+        fail(str(e))
+    build = results.get("build")
+    if build and not all(s["layers_ok"] for s in build["scenarios"][1:]):
+        fail("a rebuild rebuilt the wrong layers (see above and BENCHMARKS.md)")
+
+
+def main():
+    try:
+        cli()
+    except APIError as e:
+        # Whatever validation missed, the engine's refusal is one line, not a traceback.
+        reason = (e.explanation or str(e)).strip().splitlines()[0]
+        fail(f"the Docker engine refused: {reason}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Re-resolve requirements/*.in into the hashed locks that `make` installs from (uv pip compile).
+# Run after editing a .in file, or to take newer releases; commit the .lock files it writes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+uv=${UV:-.venv/bin/uv}
+# torch's CPU build lies in the local wheel folder pip's configuration names on these machines.
+links=$(python3 -m pip config get global.find-links 2>/dev/null || true)
+for name in build test; do
+  "$uv" pip compile --quiet --generate-hashes --python-version 3.11 ${links:+--find-links "$links"} \
+    --no-emit-find-links --custom-compile-command "make lock" "requirements/$name.in" -o "requirements/$name.lock"
+  echo "wrote requirements/$name.lock"
+done
