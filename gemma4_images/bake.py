@@ -2,9 +2,8 @@
 build.py passes, so `docker buildx bake gemma4-e2b-h100` builds what `build.py build h100` does."""
 from __future__ import annotations
 
-from . import images
-from .wheels import WHEELHOUSE_PORT
-from .entrypoint import BUILD_FACTS
+from . import facts
+from .facts import BUILD_FACTS, WHEELHOUSE_PORT
 from .matrix import Matrix, dockerfile_name
 
 BAKE_FILE = "docker-bake.hcl"
@@ -76,9 +75,9 @@ def build_args(matrix: Matrix, name: str) -> dict[str, str]:
     default tokenizer source, per-commit facts as variables."""
     t = matrix.targets[name]
     bos_copy_of = matrix.project.model if t.bos_tokenizer else ""
-    args = {"BASE_IMAGE": t.base.ref, **images.fix_args(matrix, name),
-            **images.audio_args(matrix, name, Var(WHEELS_URL[0])),
-            **images.facts(matrix, name, t.base.ref, t.base.digest or "", bos_copy_of)}
+    args = {"BASE_IMAGE": t.base.ref, **facts.fix_args(matrix, name),
+            **facts.audio_args(matrix, name, Var(WHEELS_URL[0])),
+            **facts.facts(matrix, name, t.base.ref, t.base.digest or "", bos_copy_of)}
     for arg, (var, _) in PER_COMMIT.items():
         args[arg] = Var(var)
     return args

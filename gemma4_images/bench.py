@@ -25,7 +25,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from unittest import mock
 
-from . import images, localbase, matrix, tiny_model
+from . import images, localbase, matrix
+from testkit import tiny_model, trained
 from .matrix import ROOT
 
 sys.path.insert(0, str(ROOT / "image"))
@@ -390,7 +391,7 @@ def harness_in_image(client, image: str) -> bool:
 
 def run_harness(client, image: str, argv: list[str], log) -> tuple[dict, float, bool]:
     shipped = harness_in_image(client, image)
-    cmd = docker_bench_cmd(image, tiny_model.ensure(), not shipped, argv)
+    cmd = docker_bench_cmd(image, trained.ensure(), not shipped, argv)
     log(f"bench: {' '.join(argv[:1])} harness in {image}" + ("" if shipped else " (harness mounted: not in the image yet)"))
     start = time.monotonic()
     run = subprocess.run(cmd, capture_output=True, text=True)
@@ -476,7 +477,7 @@ def startup_bench(client, log, image: str = CPU_IMAGE, rounds: int = STARTUP_ROU
     """Alternating rounds (bare first) so that drift on the machine touches both sides alike."""
     m = matrix.load()
     base = localbase.cpu_base(client, m, log)
-    model = tiny_model.ensure()
+    model = trained.ensure()
     ours, bare = startup_commands(client, image)
     times: dict[str, list[float]] = {"bare": [], "ours": []}
     for n in range(rounds):
@@ -496,7 +497,7 @@ def load_bench(client, log, image: str = CPU_IMAGE, rounds: int = 3) -> dict:
     against a single request measured in the same run; then hang-ups and a stop during traffic."""
     from . import running, traffic
     from .smoke import free_port, wait_healthy
-    model, port = tiny_model.ensure(), free_port()
+    model, port = trained.ensure(), free_port()
     url, served = f"http://127.0.0.1:{port}", "google/gemma-4-E2B-it"
     t = matrix.load().targets[TARGET]
     container = client.containers.run(
@@ -639,7 +640,7 @@ def render(build: dict | None, serving: dict | None, timings: dict, startup: dic
             f"Fast prefill correctness (recipe 000, Gaudi 2): {harness.RECIPE_CORRECTNESS}.", ""]
     if serving:
         off, srv = serving["offline"], serving["served"]
-        out += ["## Serving: this machine (CPU image, tiny random-weight model)", "",
+        out += ["## Serving: this machine (CPU image, tiny trained model)", "",
                 f"`{serving['image']}`, {timings.get('cpu', '2-core CPU')}; harness "
                 + ("shipped in the image" if serving["harness_shipped"] else
                    "mounted from image/gemma4_bench.py (the image predates it)") + ". Tiny sizes, so the "

@@ -155,7 +155,7 @@ def build(targets, base_image, tag, no_cache, dry_run, build_args, tokenizer_sou
     if tiny and tokenizer_source:
         fail("--tiny and --tokenizer-source both name the tokenizer; give one", 2)
     if tiny:
-        from gemma4_images import tiny_model
+        from testkit import tiny_model
         tokenizer_source = str(tiny_model.ensure())
     if dry_run:
         for name in names:

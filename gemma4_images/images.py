@@ -1,55 +1,13 @@
-"""Build one target's image: pick its base, compute its facts (labels, build.json), build it."""
+"""Build one target's image: pick its base, gather its facts (gemma4_images.facts), build it."""
 from __future__ import annotations
 
-import os
-import subprocess
-import time
 from contextlib import nullcontext
-from datetime import datetime, timezone
 from pathlib import Path
 
 from . import localbase, running, tokenizer_copy, upstream, wheels
 from .docker_build import BaseUnavailable, BuildSpec, base_digest, build, local_image, pull
-from .entrypoint import BUILD_FACTS
+from .facts import audio_args, facts, fix_args
 from .matrix import ROOT, Matrix, dockerfile_name
-
-
-def _git(*args: str) -> str | None:
-    run = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
-    return run.stdout.strip() if run.returncode == 0 else None
-
-
-def revision() -> str:
-    sha = _git("rev-parse", "HEAD") or "unknown"
-    dirty = _git("status", "--porcelain", "--untracked-files=no")
-    return f"{sha}-dirty" if dirty else sha
-
-
-def created() -> str:
-    """SOURCE_DATE_EPOCH when set, else the commit's time: two builds of one commit agree."""
-    epoch = os.environ.get("SOURCE_DATE_EPOCH") or _git("log", "-1", "--format=%ct") or str(int(time.time()))
-    return datetime.fromtimestamp(int(epoch), tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def facts(matrix: Matrix, name: str, base_name: str, base_digest: str, bos_copy_of: str = "") -> dict[str, str]:
-    """Build args for the Dockerfile; the image's labels and build.json are made from these."""
-    tag = matrix.tag(name)
-    values = {
-        "GEMMA4_TITLE": f"{matrix.project.model} on vLLM {matrix.project.vllm_version} ({matrix.targets[name].hardware})",
-        "GEMMA4_SOURCE": matrix.project.source,
-        "GEMMA4_REVISION": revision(),
-        "GEMMA4_VERSION": tag.split(":", 1)[1],
-        "GEMMA4_CREATED": created(),
-        "GEMMA4_BASE_NAME": base_name,
-        "GEMMA4_BASE_DIGEST": base_digest,
-        "GEMMA4_TARGET": name,
-        "GEMMA4_MODEL_ID": matrix.project.model,
-        "GEMMA4_VLLM_VERSION": matrix.project.vllm_version,
-        "GEMMA4_FIXES": ",".join(matrix.fixes(name)),
-        "GEMMA4_BOS_COPY_OF": bos_copy_of,
-    }
-    assert set(values) == set(BUILD_FACTS.values()), "facts and the entrypoint's BUILD_FACTS must agree"
-    return values
 
 
 def resolve_base(client, matrix: Matrix, name: str, override: str | None, log) -> str:
@@ -74,12 +32,6 @@ def resolve_base(client, matrix: Matrix, name: str, override: str | None, log) -
     hint = (f"build the local stand-in with `python build.py base {name}` (air-gapped, no registry)"
             if local else "pass --base-image with an image that is present locally")
     raise BaseUnavailable(f"cannot pull {wanted}: {reason}. {hint[0].upper() + hint[1:]}.")
-
-
-def fix_args(matrix: Matrix, name: str) -> dict[str, str]:
-    fixes = matrix.targets[name].fixes
-    return {"GEMMA4_FIXES_PROFILE": fixes.profile if fixes else "",
-            "GEMMA4_FIXES_OPT_IN": " ".join(fixes.opt_in) if fixes else ""}
 
 
 def audio_wheels(client, matrix: Matrix, name: str, base: str, log) -> Path | None:
@@ -113,12 +65,6 @@ def build_target(client, matrix: Matrix, name: str, *, base_override=None, tag=N
         log(f"building {tag} ({spec.dockerfile} on {base})")
         build(client, spec, log, verbose=verbose)
     return tag
-
-
-def audio_args(matrix: Matrix, name: str, wheels_url: str) -> dict[str, str]:
-    audio = matrix.targets[name].audio
-    return {"GEMMA4_AUDIO_EXTRAS": " ".join(matrix.audio_extras) if audio else "",
-            "GEMMA4_WHEELS_URL": wheels_url if audio else ""}
 
 
 def dry_run(matrix: Matrix, name: str, base_override=None, tag=None, nocache=False, tokenizer_source=None,

@@ -7,7 +7,7 @@ import re
 import time
 from pathlib import Path
 
-from . import images
+from . import facts
 from . import registry as registry_api
 from .docker_build import ANSI, local_image
 from .matrix import Matrix
@@ -43,7 +43,7 @@ def repository(matrix: Matrix, registry: str) -> str:
 def short_revision(image, allow_dirty: bool) -> str:
     """The commit the image was built from (its revision label; the checkout's when the image has
     none), shortened. HEAD may have moved since the build, so the label is the truth."""
-    full = (image.labels or {}).get("org.opencontainers.image.revision") or images.revision()
+    full = (image.labels or {}).get("org.opencontainers.image.revision") or facts.revision()
     sha, dirty = full.removesuffix("-dirty"), full.endswith("-dirty")
     if sha == "unknown" or not sha:
         raise PushError("the image records no git revision, so it cannot get a -v<vllm>-<sha> tag; "

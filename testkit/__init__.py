@@ -7,5 +7,5 @@ can tell a right answer from a wrong one. It is a 1.5 MB model made to test serv
         problem = ex.mismatch(response_json)       # None when the answer is exactly the script
 
 exchanges and media need only the standard library; trained.ensure() needs torch and transformers
-(like gemma4_images.tiny_model.ensure()). `python -m testkit.train --fixture` remakes the weights.
+(like testkit.tiny_model.ensure()). `python -m testkit.train --fixture` remakes the weights.
 """

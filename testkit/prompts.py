@@ -30,7 +30,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gemma4_images import tiny_gemma4
+from testkit import tiny_gemma4
 
 from .exchanges import CHAT, Exchange
 
@@ -50,11 +50,12 @@ class Prompt:
 
 def served_template() -> str:
     """The --chat-template the CPU image's launch passes, as the image holds it."""
-    from gemma4_images import entrypoint, matrix, upstream
+    from gemma4_images import matrix, upstream
+    from gemma4_images.image_code import gemma4_serve
 
     m = matrix.load()
-    launch = entrypoint.compose(m.recipe(TARGET), {}, [])
-    rel = entrypoint.gemma4_serve.flag_value(launch, "--chat-template")
+    launch = gemma4_serve.compose(m.recipe(TARGET), {}, [])
+    rel = gemma4_serve.flag_value(launch, "--chat-template")
     if rel is None:
         raise RuntimeError(f"{TARGET}'s launch names no --chat-template: {' '.join(launch)}")
     staged = {p.relative_to(upstream.STAGE).as_posix(): p for p in upstream.stage(m)}

@@ -3,7 +3,7 @@
     python -m testkit.train OUT_DIR            # a model folder (config, weights, tokenizer, ...)
     python -m testkit.train --fixture          # regenerate the committed testkit/fixture/
 
-The tiny random model's config, tokenizer and seeded initial weights (gemma4_images.tiny_gemma4);
+The tiny random model's config, tokenizer and seeded initial weights (testkit.tiny_gemma4);
 AdamW on the whole script at every step (full batch) for the language model, while the vision and
 audio towers keep their seeded weights; float32 on the CPU with a fixed thread count: the same
 torch build on the same kind of CPU gives the same bytes (CPU kernels are deterministic for a given
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ast
 import hashlib
 import json
 import math
@@ -26,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gemma4_images import tiny_gemma4
+from testkit import tiny_gemma4
 
 from . import exchanges, greedy, prompts
 from .trained import FIXTURE, MANIFEST, SEED, WEIGHTS, assemble, replaceable
@@ -48,10 +49,12 @@ def sequences(folder: Path) -> list[prompts.Prompt]:
 
 
 def inputs_digest(seqs: list[prompts.Prompt]) -> str:
-    """What the weights are a function of: this file, the model config and every training sequence
-    (ids and media bytes). A fixture whose digest differs from today's is stale."""
+    """What the weights are a function of: this file's code, the model config and every training
+    sequence (ids and media bytes). A fixture whose digest differs from today's is stale. The code
+    counts as its syntax tree without docstrings and imports, so comments, formatting and where a
+    module is imported from do not make the fixture stale; any change to what runs does."""
     import torch
-    h = hashlib.sha256(Path(__file__).read_bytes())
+    h = hashlib.sha256(code_digest(Path(__file__).read_text()).encode())
     config = tiny_gemma4.model_config().to_dict()
     config.pop("transformers_version", None)
     h.update(json.dumps(config, sort_keys=True).encode())
@@ -60,6 +63,17 @@ def inputs_digest(seqs: list[prompts.Prompt]) -> str:
         for key in sorted(p.media):
             h.update(key.encode() + p.media[key].to(torch.float32).numpy().tobytes())
     return h.hexdigest()
+
+
+def code_digest(source: str) -> str:
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list):
+            node.body = [n for n in body if not isinstance(n, (ast.Import, ast.ImportFrom))
+                         and not (isinstance(n, ast.Expr) and isinstance(getattr(n, "value", None), ast.Constant)
+                                  and isinstance(n.value.value, str))] or [ast.Pass()]
+    return hashlib.sha256(ast.dump(tree).encode()).hexdigest()
 
 
 BATCH = 8

@@ -1,7 +1,7 @@
 """The tiny trained Gemma 4 as a model folder the smoke tier can serve.
 
 The weights are committed (testkit/fixture/, ~1.5 MB, made by `python -m testkit.train --fixture`);
-everything else in the folder is what gemma4_images.tiny_gemma4 writes for the random model, so
+everything else in the folder is what testkit.tiny_gemma4 writes for the random model, so
 config, tokenizer, chat template and processor config are the random model's, byte for byte.
 Made once per machine in the machine cache, keyed by the weights' digest.
 """
@@ -13,7 +13,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from gemma4_images import tiny_gemma4
+from testkit import tiny_gemma4
 from gemma4_images.upstream import cache_dir
 
 SEED = 0               # the random model's seed: its weights are the training's starting point

@@ -2,7 +2,8 @@
 accelerator tiers (`pytest -m gaudi2`); CI runs `-m "not device"`."""
 import pytest
 
-from gemma4_images import matrix, tiny_gemma4
+from gemma4_images import matrix
+from testkit import tiny_gemma4
 
 
 def pytest_configure(config):

@@ -106,7 +106,7 @@ def xgrammar_021(dest: Path) -> Path | None:
 
 def tokenizer_dir() -> Path:
     sys.path.insert(0, str(REPO))
-    from gemma4_images import tiny_model
+    from testkit import tiny_model
     return tiny_model.ensure()
 
 

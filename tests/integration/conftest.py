@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from docker.errors import ImageNotFound
 
-from gemma4_images import images, localbase, matrix, tiny_model
+from gemma4_images import images, localbase, matrix
+from testkit import tiny_model
 from gemma4_images.docker_build import BuildSpec, build, connect
 
 STANDIN_DOCKERFILE = """\

@@ -6,7 +6,8 @@ CUDA runtime fails and tags nothing."""
 import pytest
 from docker.errors import ImageNotFound
 
-from gemma4_images import images, matrix, tiny_model
+from gemma4_images import images, matrix
+from testkit import tiny_model
 from gemma4_images.docker_build import BuildFailed
 
 pytestmark = pytest.mark.integration

@@ -6,9 +6,10 @@ import shlex
 import pytest
 from docker.errors import ImageNotFound
 
-from gemma4_images import images, running, tiny_model
+from gemma4_images import facts, images, running
+from testkit import tiny_model
 from gemma4_images.docker_build import BuildFailed
-from gemma4_images.entrypoint import BUILD_FACTS
+from gemma4_images.facts import BUILD_FACTS
 
 pytestmark = pytest.mark.integration
 ONE_PER_FAMILY = ["h100", "b300", "mi355x", "ironwood", "xeon6"]  # gaudi2: test_gaudi_image.py
@@ -42,8 +43,8 @@ def test_labels_and_build_json_agree_with_targets_yaml(client, m, built, name):
     assert labels["org.opencontainers.image.base.name"] == bases[name]
     assert labels["org.opencontainers.image.base.digest"] == client.images.get(bases[name]).id
     assert labels["org.opencontainers.image.version"] == m.tag(name).split(":")[1]
-    assert labels["org.opencontainers.image.revision"] == images.revision()
-    assert labels["org.opencontainers.image.created"] == images.created()
+    assert labels["org.opencontainers.image.revision"] == facts.revision()
+    assert labels["org.opencontainers.image.created"] == facts.created()
     info = running.build_json(client, tags[name])
     assert info == {label: labels[label] for label in BUILD_FACTS}
 
@@ -86,6 +87,6 @@ def test_version_mismatch_fails_the_build_and_tags_nothing(client, m, standin, u
 
 def test_facts_are_reproducible(m, monkeypatch):
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
-    first = images.facts(m, "h100", "b", "d")
-    assert first == images.facts(m, "h100", "b", "d")
+    first = facts.facts(m, "h100", "b", "d")
+    assert first == facts.facts(m, "h100", "b", "d")
     assert first["GEMMA4_CREATED"] == "2023-11-14T22:13:20Z"

@@ -74,7 +74,7 @@ def test_image(client, cpu_base):
 
 def test_every_gaudi_fix_reproduction_runs_and_passes(client, test_image, tmp_path):
     sys.path.insert(0, str(REPO))
-    from gemma4_images import tiny_model
+    from testkit import tiny_model
     checkout = snapshot(tmp_path)
     shutil.copytree(tiny_model.ensure(), tmp_path / "cache" / tiny_model.ensure().name)
     started = time.monotonic()

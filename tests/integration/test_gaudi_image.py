@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from docker.errors import ImageNotFound
 
-from gemma4_images import images, tiny_model
+from gemma4_images import images
+from testkit import tiny_model
 from gemma4_images.docker_build import BuildFailed, BuildSpec, build
 
 import gaudi_standin

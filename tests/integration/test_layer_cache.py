@@ -6,7 +6,8 @@ import uuid
 
 import pytest
 
-from gemma4_images import images, matrix, tiny_model
+from gemma4_images import images, matrix
+from testkit import tiny_model
 
 pytestmark = pytest.mark.integration
 

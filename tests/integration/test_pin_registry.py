@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from docker.errors import ImageNotFound
 
-from gemma4_images import images, matrix
+from gemma4_images import facts, images, matrix
 from gemma4_images.docker_build import BuildSpec, base_digest, build, local_image
 from local_registry import start_registry, stop_registry
 
@@ -119,4 +119,4 @@ def test_a_build_pulls_the_pinned_digest_and_labels_it(client, host, targets_fil
     assert probe == b"first\n"                                   # the pinned image, not the moved tag
     digest = base_digest(pulled, base)
     assert digest == first
-    assert images.facts(m, "h100", base, digest)["GEMMA4_BASE_DIGEST"] == first   # -> base.digest label
+    assert facts.facts(m, "h100", base, digest)["GEMMA4_BASE_DIGEST"] == first   # -> base.digest label

@@ -10,7 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from gemma4_images import images, matrix, smoke, tiny_model, traffic
+from gemma4_images import images, matrix, smoke, traffic
+from testkit import tiny_model
 from testkit import exchanges, trained
 
 pytestmark = pytest.mark.integration

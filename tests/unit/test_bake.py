@@ -8,8 +8,8 @@ import subprocess
 import hcl2
 import pytest
 
-from gemma4_images import bake, images, matrix, render, wheels
-from gemma4_images.entrypoint import BUILD_FACTS
+from gemma4_images import bake, facts, images, matrix, render, wheels
+from gemma4_images.facts import BUILD_FACTS
 
 ROOT = matrix.ROOT
 
@@ -70,8 +70,8 @@ def test_per_commit_facts_are_variables_with_defaults(m, parsed):
 
 def test_the_file_does_not_change_with_the_checkout(m, monkeypatch):
     first = bake.render_bake(m)
-    monkeypatch.setattr(images, "revision", lambda: "f" * 40 + "-dirty")
-    monkeypatch.setattr(images, "created", lambda: "2031-01-01T00:00:00Z")
+    monkeypatch.setattr(facts, "revision", lambda: "f" * 40 + "-dirty")
+    monkeypatch.setattr(facts, "created", lambda: "2031-01-01T00:00:00Z")
     assert bake.render_bake(m) == first
 
 
@@ -100,7 +100,7 @@ def build_target_args(m, name, monkeypatch, tmp_path) -> dict[str, str]:
 def test_args_are_what_build_target_passes(m, parsed, name, monkeypatch, tmp_path):
     expected = build_target_args(m, name, monkeypatch, tmp_path)
     args = blocks(parsed, "target")[f"gemma4-e2b-{name}"]["args"]
-    variables = {"REVISION": images.revision(), "CREATED": images.created(),
+    variables = {"REVISION": facts.revision(), "CREATED": facts.created(),
                  "WHEELS_URL": expected["GEMMA4_WHEELS_URL"]}
     got = {k: hcl_value(v, variables) for k, v in args.items()}
     # The base's digest is read from the pulled base by build.py; bake has only targets.yaml's pin.

@@ -5,7 +5,8 @@ import json
 import pytest
 
 from gemma4_images import matrix
-from gemma4_images.entrypoint import gemma4_serve as serve
+from gemma4_images.facts import BUILD_FACTS
+from gemma4_images.image_code import gemma4_serve as serve
 
 
 @pytest.fixture(scope="module")
@@ -114,9 +115,9 @@ def test_flag_value_forms():
 
 def test_build_info_uses_the_label_table(tmp_path):
     out = tmp_path / "etc" / "build.json"
-    serve.write_build_info(str(out), {"GEMMA4_TARGET": "h100", "GEMMA4_REVISION": "abc"})
+    serve.write_build_info(str(out), {"GEMMA4_TARGET": "h100", "GEMMA4_REVISION": "abc"}, {"labels": BUILD_FACTS})
     data = json.loads(out.read_text())
-    assert set(data) == set(serve.BUILD_FACTS)
+    assert set(data) == set(BUILD_FACTS)
     assert data["io.gemma4-images.target"] == "h100"
     assert data["org.opencontainers.image.revision"] == "abc"
 

@@ -562,7 +562,7 @@ def real_gemma4(src):
     from vllm.model_executor.model_loader.utils import process_weights_after_loading
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    from gemma4_images import tiny_model
+    from testkit import tiny_model
 
     cfg = VllmConfig(model_config=ModelConfig(model=str(tiny_model.ensure()), dtype="float32", max_model_len=256,
                                               enforce_eager=True),

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from gemma4_images import k8s, matrix, publish
-from gemma4_images.entrypoint import gemma4_serve
+from gemma4_images.image_code import gemma4_serve
 
 M = matrix.load()
 TARGETS = list(M.targets)

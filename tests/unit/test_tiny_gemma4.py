@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gemma4_images import tiny_gemma4
+from testkit import tiny_gemma4
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -150,7 +150,7 @@ def test_model_loads_and_runs_a_forward_pass(tiny_dir, tok):
 def test_same_seed_same_bytes_other_seed_other_weights(tiny_dir, tmp_path):
     # Through the CLI, so the entry point is covered too.
     again = tmp_path / "again"
-    run = subprocess.run([sys.executable, "-m", "gemma4_images.tiny_gemma4", str(again), "--seed", "0"],
+    run = subprocess.run([sys.executable, "-m", "testkit.tiny_gemma4", str(again), "--seed", "0"],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout)["seed"] == 0

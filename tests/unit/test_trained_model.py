@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from gemma4_images import tiny_model
+from testkit import tiny_model
 from testkit import exchanges, greedy, prompts, train, trained
 
 

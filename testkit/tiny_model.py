@@ -1,8 +1,11 @@
-"""The tiny random-weight Gemma 4 the CPU smoke tier serves, made once per machine and cached."""
+"""The tiny random-weight Gemma 4, made once per machine and cached: the starting point of the
+trained one (testkit.trained), the source of the tiny tokenizer that test images bake, and the
+model for tests that need weights nobody taught anything."""
 from pathlib import Path
 
+from gemma4_images.upstream import cache_dir
+
 from .tiny_gemma4 import write_tiny_gemma4
-from .upstream import cache_dir
 
 SEED = 0
 

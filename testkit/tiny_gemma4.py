@@ -1,6 +1,6 @@
 """A tiny, randomly initialised Gemma 4 E2B IT look-alike for offline tests.
 
-``python -m gemma4_images.tiny_gemma4 OUT_DIR [--seed N]`` writes a model folder that vLLM and
+``python -m testkit.tiny_gemma4 OUT_DIR [--seed N]`` writes a model folder that vLLM and
 transformers load exactly as they load ``google/gemma-4-E2B-it``: the same architecture class
 (``Gemma4ForConditionalGeneration``, with per-layer embeddings, KV sharing, sliding and full
 attention layers, double-wide MLPs and vision/audio towers), shrunk to ~0.7M parameters, plus a
