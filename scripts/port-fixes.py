@@ -19,7 +19,11 @@ scripts/check-fixes.sh runs the fixes' tests against the new tree with the new p
 at its stated lines), rebased cleanly (the merge gave a new diff; its lines only moved),
 conflict (with the conflicting lines: git merge-file found overlapping changes, or upstream
 changed lines of the fix's context, which --accept-merge takes as merged), or blocked (a fix
-before it conflicts in one of its files).
+before it that edits one of its files is not ported: its diff is stacked on that fix's).
+The fixes that port are written (and checked to apply exactly) even when others conflict.
+A ported fix.json keeps tests, gaudi_checks and hunks_gaudi_only; its hunk_coverage figure
+was measured on the old files, so it is replaced by a note that it must be re-recorded
+(scripts/hunk_coverage.py --record), and the test run leaves out the one check of that figure.
 Standard library, git and the pack's own apply_all.py only; vLLM is never imported.
 Exit status: 0 every fix ported and its tests pass, 1 a conflict or a failing test,
 2 bad input (nothing written).
@@ -42,6 +46,12 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACK = os.path.join(REPO, "patches")
 ARCHIVES = os.path.join(os.path.dirname(REPO), "shared", "upstream")
+STALE_COVERAGE = "; before the port: "  # joins a ported fix's hunk_coverage note to the figure it replaces
+RECORD_COVERAGE = "record it with PYTHON=<python with vLLM 0.30.0> scripts/hunk_coverage.py --record {tree} " \
+                  "once this pack is patches/"
+# The check of test_gaudi_fix_manifests.py that a fix.json's hunk_coverage figure counts its
+# hunks: not run by the port's test run while the port itself marks the figures stale.
+COVERAGE_CHECK = "tests/unit/test_gaudi_fix_manifests.py::test_manifest_coverage_counts_the_current_hunks"
 STATES = {"exact": "exact", "rebased": "rebased cleanly", "conflict": "CONFLICT", "blocked": "BLOCKED"}
 # What check-fixes needs from the repository, copied beside the new pack (it runs on REPO/patches).
 CHECK_TREE = ["scripts/check-fixes.sh", "tests", "gemma4_images", "pytest.ini"]
@@ -222,15 +232,16 @@ def rebase(fixes, images, new_tree, label, accept_merge=False):
     A file conflicts when git merge-file finds overlapping changes, or when it merges cleanly
     but upstream changed lines inside the fix's diff (its context): the applier would refuse
     that diff and the fix was written reading those lines, so a person looks (accept_merge:
-    take git's merge). A later fix on a conflicting file is blocked."""
+    take git's merge). A fix that is not ported leaves all its files as they were for the
+    fixes after it, and blocks every later fix on any of them: their diffs are stacked on it."""
     current, blocked, results = dict(new_tree), {}, []
     for fix in fixes:
-        name, files = fix["name"], {}
+        name, files, ported = fix["name"], {}, {}
         for path, hunks in fix["diff"].items():
             before, after = images[name, path]
             pre = current[path]
             if path in blocked:
-                files[path] = {"state": "blocked", "by": blocked[path], "pre": pre}
+                files[path] = {"state": "blocked", "by": blocked[path][0], "reason": blocked[path][1], "pre": pre}
                 continue
             labels = (f"vllm-gaudi {label}", f"{name} was made against", name)
             merged, count = merge3(pre, before, after, labels)
@@ -239,7 +250,6 @@ def rebase(fixes, images, new_tree, label, accept_merge=False):
             if count or (changed and not accept_merge):
                 entry.update(state="conflict", kind="overlap" if count else "context",
                              conflicts=conflicts_in(merged, labels) if count else changed)
-                blocked[path] = name
                 continue
             try:
                 as_is, notes = aa.apply_hunks(pre, hunks)
@@ -249,9 +259,17 @@ def rebase(fixes, images, new_tree, label, accept_merge=False):
             entry["moved"] = moved(hunks, aa.parse_diff(unified(path, pre, merged), path)[path]) \
                 if merged != pre else "no change"
             entry["accepted"] = changed  # context changes taken with accept_merge
-            current[path] = merged
+            ported[path] = merged
         states = {f["state"] for f in files.values()}
         state = next(s for s in ("conflict", "blocked", "rebased", "exact") if s in states)
+        if state in ("exact", "rebased"):
+            current.update(ported)
+        else:  # the later fixes on any of its files are stacked on it
+            for path, f in files.items():
+                if path not in blocked:
+                    blocked[path] = (name, f"{name} conflicts in this file" if f["state"] == "conflict" else
+                                     f"{name}, before it in pack order, edits this file and is not ported "
+                                     f"(it {'conflicts' if state == 'conflict' else 'is blocked'})")
         results.append({"fix": fix, "state": state, "files": files})
     return results
 
@@ -264,13 +282,26 @@ def moved(old, new):
 
 
 # ---------------------------------------------------------------- writing the new pack
+def keeps_manifest(result, upstream_sha):
+    """A fix exact on the very files it was written against keeps its fix.json as it is."""
+    fix = result["fix"]
+    return result["state"] == "exact" and {p: upstream_sha[p] for p in fix["files"]} == fix["pre_sha256"]
+
+
+def stale_coverage(results, upstream_sha):
+    """The ported fixes whose fix.json records a hunk coverage that the port makes stale."""
+    return [r["fix"]["name"] for r in results if r["state"] in ("exact", "rebased")
+            and "hunk_coverage" in r["fix"]["json"] and not keeps_manifest(r, upstream_sha)]
+
+
 def ported_manifest(result, label, upstream_sha, on_top, tested):
-    """fix.json for a ported fix: the same keys, the new tree's sha256, and where it came from
+    """fix.json for a ported fix: the same keys (tests, gaudi_checks, hunks_gaudi_only as they
+    are), the new tree's sha256, where it came from, and hunk_coverage marked as not re-recorded
     (None: the fix is exact on the very files it was written against, so its fix.json stays)."""
     fix, meta, files = result["fix"], dict(result["fix"]["json"]), result["files"]
-    new_sha = {p: upstream_sha[p] for p in fix["files"]}
-    if result["state"] == "exact" and new_sha == fix["pre_sha256"]:
+    if keeps_manifest(result, upstream_sha):
         return None
+    new_sha = {p: upstream_sha[p] for p in fix["files"]}
     meta["written_against"] = (
         f"vllm-gaudi {label}: ported by scripts/port-fixes.py ({STATES[result['state']]}, git merge-file) "
         f"from the diff made against {aa.short_source(fix)}"
@@ -279,6 +310,12 @@ def ported_manifest(result, label, upstream_sha, on_top, tested):
                         f"with the ported pack: {tested}. Before the port, against {aa.short_source(fix)}: "
                         + fix["verified"])
     meta["pre_sha256"] = new_sha
+    if "hunk_coverage" in meta:  # measured on the files the fix was written against, hunk by hunk
+        figure = meta["hunk_coverage"].partition(STALE_COVERAGE)[2] or meta["hunk_coverage"]
+        meta["hunk_coverage"] = (
+            f"not re-recorded since the port to vllm-gaudi {label}: a port changes the files the hunks are tested "
+            f"on and can regroup the hunks; {RECORD_COVERAGE.format(tree=f'<vllm-gaudi {label}>')}{STALE_COVERAGE}"
+            f"{figure}")
     if "post_sha256" in meta:  # a pack whose fix.json records it: the file after this fix, in pack order
         meta["post_sha256"] = {p: sha256(aa.encode(files[p]["post"])) for p in fix["files"]}
     return meta
@@ -344,10 +381,11 @@ def verify(out, fixes, tree):
 
 
 # ---------------------------------------------------------------- the fixes' tests
-def run_tests(out, tree, python, log, repo=REPO):
+def run_tests(out, tree, python, log, repo=REPO, deselect=()):
     """scripts/check-fixes.sh against the new tree with the new pack. check-fixes reads the pack
     beside itself, so it runs from a scratch copy of what it needs with the new pack as patches/;
-    pytest's junit report (PYTEST_ADDOPTS) gives the results per test module."""
+    pytest's junit report (PYTEST_ADDOPTS, with --deselect for each of deselect) gives the
+    results per test module."""
     scratch = tempfile.mkdtemp(prefix="port-fixes-check.")
     try:
         for part in CHECK_TREE:
@@ -361,14 +399,15 @@ def run_tests(out, tree, python, log, repo=REPO):
                 shutil.copy2(src, dst)
         shutil.copytree(out, os.path.join(scratch, "patches"))
         junit = os.path.join(scratch, "junit.xml")
-        env = dict(os.environ, PYTHON=python,
-                   PYTEST_ADDOPTS=f"{os.environ.get('PYTEST_ADDOPTS', '')} --junitxml={junit}".strip())
+        addopts = [os.environ.get("PYTEST_ADDOPTS", ""), f"--junitxml={junit}"] + [f"--deselect={d}" for d in deselect]
+        env = dict(os.environ, PYTHON=python, PYTEST_ADDOPTS=" ".join(addopts).strip())
         started = time.monotonic()
         with open(log, "w", encoding="utf-8") as f:
             proc = subprocess.run([os.path.join(scratch, "scripts", "check-fixes.sh"), tree], env=env,
                                   stdout=f, stderr=subprocess.STDOUT)
         tests = {"command": "scripts/check-fixes.sh", "python": python, "exit": proc.returncode,
-                 "seconds": round(time.monotonic() - started), "modules": junit_modules(junit)}
+                 "seconds": round(time.monotonic() - started), "modules": junit_modules(junit),
+                 "deselected": list(deselect)}
         for module, counts in tests["modules"].items():
             counts["fixes"] = fixes_named(os.path.join(repo, "tests", "unit", module + ".py"), out)
         return tests
@@ -427,7 +466,7 @@ def print_report(results):
             if f["state"] == "rebased":
                 print(f"      {path}: {f['moved']}")
             elif f["state"] == "blocked":
-                print(f"      {path}: not ported: {f['by']} conflicts in this file; resolve it first")
+                print(f"      {path}: not ported: {f['reason']}; resolve that first")
             for c in f.get("accepted", []):
                 print(f"      {path}: hunk {c['hunk']}: upstream changed its context; git's merge taken "
                       "(--accept-merge)")
@@ -459,6 +498,8 @@ def print_tests(tests, log):
         print(f"  {module + '.py':<36} {counts_text(c):<32} ({', '.join(c['fixes'])})")
         for reason in c["reasons"]:
             print(f"      {reason}")
+    for node in tests.get("deselected", []):
+        print(f"  not run: {node} (the port marks the hunk coverage figures stale)")
 
 
 def default_label(tree):
@@ -526,14 +567,22 @@ def port(args):
         shutil.copytree(args.pack, staged, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         write_fixes(staged, results, label, upstream_sha)
         tests = None
-        if clean:
-            verify(staged, fixes, tree)
+        ported = [r["fix"] for r in results if r["state"] in ("exact", "rebased")]
+        if ported:
+            verify(staged, ported, tree)
+            print(f"written: {', '.join(f['name'] for f in ported)} ({len(ported)} of {len(fixes)} fixes); checked: "
+                  f"{'it applies' if len(ported) == 1 else 'they apply'} exactly to the new tree at the stated lines")
+        stale = stale_coverage(results, upstream_sha)
         if clean and not args.no_tests:
-            tests = run_tests(staged, tree, args.python, os.path.join(staged, "check-fixes.log"))
+            tests = run_tests(staged, tree, args.python, os.path.join(staged, "check-fixes.log"),
+                              deselect=[COVERAGE_CHECK] if stale else [])
             write_fixes(staged, results, label, upstream_sha, tests)  # verified names the test run
             print_tests(tests, os.path.join(out, "check-fixes.log"))
         else:
             print("tests: not run (" + ("--no-tests" if clean else "resolve the conflicts first") + ")")
+        if stale:
+            print(f"hunk coverage: not re-recorded for {', '.join(stale)} (their fix.json says so): "
+                  + RECORD_COVERAGE.format(tree=tree))
         with open(os.path.join(staged, "port.json"), "w", encoding="utf-8") as f:
             f.write(json.dumps(record(results, label, upstream_sha, tests), indent=2, sort_keys=True) + "\n")
         os.replace(staged, out)

@@ -48,14 +48,18 @@ class Porting:
             "name": "v0.30.0", "description": "test", "requires": {"vllm_gaudi": {"version": "0.30.0"}},
             "generic": [n for n, _ in self.fixes], "opt_in": []}))
         for name, changes in self.fixes:
-            folder = self.pack / name
-            folder.mkdir()
-            (folder / "fix.json").write_text(json.dumps({
-                "name": name, "why": f"test fix {name}", "package": "vllm_gaudi", "files": list(changes),
-                "opt_in": False, "written_against": "vllm-gaudi main 1234567 (synthetic)", "verified": "unit test",
-                "pre_sha256": {p: sha(UPSTREAM[p]) for p in changes}}))
-            (folder / "fix.diff").write_text("".join(make_diff(p, b, a) for p, (b, a) in changes.items()))
+            self.write_fix(name, changes)
         self.out = tmp_path / "out"
+
+    def write_fix(self, name, changes, **optional):
+        """fix.json (with the optional keys given) and fix.diff of a fix: {path: (before, after)}."""
+        folder = self.pack / name
+        folder.mkdir(exist_ok=True)
+        (folder / "fix.json").write_text(json.dumps({
+            "name": name, "why": f"test fix {name}", "package": "vllm_gaudi", "files": list(changes),
+            "opt_in": False, "written_against": "vllm-gaudi main 1234567 (synthetic)", "verified": "unit test",
+            "pre_sha256": {p: sha(UPSTREAM[p]) for p in changes}, **optional}))
+        (folder / "fix.diff").write_text("".join(make_diff(p, b, a) for p, (b, a) in changes.items()))
 
     def upstream_change(self, path, old, new):
         (self.new / path).write_text(edit((self.new / path).read_text(), old, new))
@@ -69,11 +73,12 @@ class Porting:
     def report(self):
         return {f["name"]: f for f in json.loads((self.out / "port.json").read_text())["fixes"]}
 
-    def applied(self, pack):
-        """The new tree's files with pack applied by the applier in pack order: (files, report)."""
+    def applied(self, pack, names=None):
+        """The new tree's files with pack applied by the applier in pack order (only the fixes
+        named, if names): (files, report)."""
         aa = load_port().aa
         prof = aa.load_profile(str(pack), "v0.30.0")
-        fixes = [aa.load_fix(str(pack), n, False) for n in prof["generic"]]
+        fixes = [aa.load_fix(str(pack), n, False) for n in prof["generic"] if names is None or n in names]
         tree, report, _ = aa.plan(fixes, str(self.new))
         return {p: "".join(lines) for p, lines in tree.items()}, report
 
@@ -101,7 +106,7 @@ ALL_EDITS = {X: [("x_10 = 10\n", "x_10 = 100\n"), ("x_12 = 12\n", "x_12 = 120\n"
 # ---------------------------------------------------------------- verdicts
 def test_same_tree_is_exact_and_the_pack_is_unchanged(porting):
     out = ok(porting.run()).stdout
-    assert [line.split() for line in out.splitlines() if "fix-" in line] == \
+    assert [line.split() for line in out.splitlines() if line.startswith("  ") and "fix-" in line] == \
         [["exact", "fix-one"], ["exact", "fix-two"], ["exact", "fix-three"]]
     for name, _ in porting.fixes:
         for part in ("fix.json", "fix.diff"):
@@ -141,7 +146,7 @@ def test_overlapping_change_is_a_conflict_with_its_lines_and_blocks_later_fixes(
     assert lines[1:7] == ["        upstream now:", "          | x_10 = 10  # changed upstream",
                           "        the fix was made against:", "          | x_10 = 10",
                           "        the fix wants:", "          | x_10 = 100"]
-    assert f"{X}: not ported: fix-one conflicts in this file; resolve it first" in out
+    assert f"{X}: not ported: fix-one conflicts in this file; resolve that first" in out
     assert "tests: not run (resolve the conflicts first)" in out
     folder = porting.out / "fix-one"
     assert not (folder / "fix.json").exists() and not (folder / "fix.diff").exists()
@@ -151,6 +156,61 @@ def test_overlapping_change_is_a_conflict_with_its_lines_and_blocks_later_fixes(
     refused = subprocess.run([sys.executable, str(REPO / "patches" / "apply_all.py"), "--profile", "v0.30.0",
                               "--pack", str(porting.out), "--list"], capture_output=True, text=True)
     assert refused.returncode == 1 and "fix-one" in refused.stdout and "UNUSABLE" in refused.stdout
+
+
+def test_a_fix_stacked_on_a_conflicting_fix_in_another_file_is_blocked(porting):
+    """fix-one conflicts in X and merges cleanly in Y; fix-three's diff of Y is made on top of
+    fix-one's, so without fix-one it cannot be ported either (it would not apply)."""
+    y_one = edit(UPSTREAM[Y], "y_5 = 5\n", "y_5 = 50\n")
+    porting.write_fix("fix-one", {X: (UPSTREAM[X], edit(UPSTREAM[X], "x_10 = 10\n", "x_10 = 100\n")),
+                                  Y: (UPSTREAM[Y], y_one)})
+    porting.write_fix("fix-three", {Y: (y_one, edit(y_one, "y_7 = 7\n", "y_7 = 70\n"))})
+    porting.upstream_change(X, "x_10 = 10\n", "x_10 = 10  # changed upstream\n")
+    result = porting.run()
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert {n: f["state"] for n, f in porting.report().items()} == \
+        {"fix-one": "conflict", "fix-two": "blocked", "fix-three": "blocked"}, result.stdout
+    assert f"{Y}: not ported: fix-one, before it in pack order, edits this file and is not ported " \
+           "(it conflicts); resolve that first" in result.stdout
+    assert porting.report()["fix-three"]["files"][Y] == {
+        "state": "blocked", "by": "fix-one", "pre_sha256": sha(UPSTREAM[Y]), "before_sha256": sha(UPSTREAM[Y])}
+    assert not (porting.out / "fix-three" / "fix.json").exists()
+
+
+def test_a_conflict_leaves_the_other_fixes_written_and_checked(porting):
+    porting.upstream_change(X, "x_10 = 10\n", "x_10 = 10  # changed upstream\n")
+    porting.upstream_change(Y, "y_1 = 1\n", "y_1 = 1\ny_1b = 0\n")  # fix-three rebases
+    result = porting.run()
+    assert result.returncode == 1
+    assert "written: fix-three (1 of 3 fixes); checked: it applies exactly to the new tree at the stated lines" \
+        in result.stdout, result.stdout
+    files, report = porting.applied(porting.out, ["fix-three"])
+    assert [e["state"] for e in report] == ["apply"] and not report[0]["notes"] + report[0]["unverified"]
+    assert files == expected(porting, {Y: ALL_EDITS[Y]})
+
+
+def test_the_optional_keys_are_carried_and_hunk_coverage_is_marked_stale(porting):
+    optional = {"tests": ["tests/unit/test_x.py::test_it"], "gaudi_checks": ["a Gaudi 2 shows it"],
+                "hunks_gaudi_only": [{"match": "x_30b = 0", "why": "HPU only", "gaudi": "it shows"}],
+                "hunk_coverage": "1/2 hunks noticed by a CPU test (synthetic)"}
+    after_one = edit(UPSTREAM[X], "x_10 = 10\n", "x_10 = 100\n")
+    porting.write_fix("fix-two", {X: (after_one, edit(edit(after_one, "x_12 = 12\n", "x_12 = 120\n"),
+                                                       "x_30 = 30\n", "x_30 = 30\nx_30b = 0\n"))}, **optional)
+    porting.write_fix("fix-three", {Y: (UPSTREAM[Y], edit(UPSTREAM[Y], "y_5 = 5\n", "y_5 = 50\n"))}, **optional)
+    porting.upstream_change(X, "x_2 = 2\n", "x_2 = 2\nnew = 0\n")
+    out = ok(porting.run()).stdout
+    assert f"hunk coverage: not re-recorded for fix-two (their fix.json says so): record it with PYTHON=<python " \
+           f"with vLLM 0.30.0> scripts/hunk_coverage.py --record {porting.new} once this pack is patches/" in out
+    ported = json.loads((porting.out / "fix-two" / "fix.json").read_text())
+    assert {k: ported[k] for k in ("tests", "gaudi_checks", "hunks_gaudi_only")} == \
+        {k: optional[k] for k in ("tests", "gaudi_checks", "hunks_gaudi_only")}
+    assert ported["hunk_coverage"].startswith("not re-recorded since the port to vllm-gaudi new: ")
+    assert "scripts/hunk_coverage.py --record <vllm-gaudi new> once this pack is patches/" in ported["hunk_coverage"]
+    assert ported["hunk_coverage"].endswith("before the port: 1/2 hunks noticed by a CPU test (synthetic)")
+    load_port().aa.load_fix(str(porting.out), "fix-two", False)  # the applier takes it
+    # fix-three is exact on the very file it was written against: its fix.json, figure included, stays
+    kept = [(pack / "fix-three" / "fix.json").read_bytes() for pack in (porting.out, porting.pack)]
+    assert kept[0] == kept[1]
 
 
 def test_changed_context_is_a_conflict_unless_the_merge_is_accepted(porting):
@@ -276,14 +336,21 @@ def test_skips():
 '''
 
 
-def test_test_run_is_reported_per_module_and_its_exit_kept(porting, tmp_path):
-    """port-fixes' handling of the run, with a named stand-in for check-fixes.sh."""
+def standin_repo(tmp_path, modules):
+    """A repository holding the stand-in check-fixes.sh and the test modules given."""
     repo = tmp_path / "repo"
     (repo / "scripts").mkdir(parents=True)
     (repo / "scripts" / "check-fixes.sh").write_text(STANDIN_CHECK)
     (repo / "scripts" / "check-fixes.sh").chmod(0o755)
     (repo / "tests" / "unit").mkdir(parents=True)
-    (repo / "tests" / "unit" / "test_gaudi_fix_standin.py").write_text(STANDIN_TESTS)
+    for name, text in modules.items():
+        (repo / "tests" / "unit" / name).write_text(text)
+    return repo
+
+
+def test_test_run_is_reported_per_module_and_its_exit_kept(porting, tmp_path):
+    """port-fixes' handling of the run, with a named stand-in for check-fixes.sh."""
+    repo = standin_repo(tmp_path, {"test_gaudi_fix_standin.py": STANDIN_TESTS})
     port = load_port()
     log = tmp_path / "check.log"
     tests = port.run_tests(str(porting.pack), str(porting.new), sys.executable, str(log), repo=str(repo))
@@ -293,3 +360,27 @@ def test_test_run_is_reported_per_module_and_its_exit_kept(porting, tmp_path):
     assert "1 failed, 1 passed, 1 skipped" in log.read_text()
     assert port.tests_of("fix-one", tests) == "test_gaudi_fix_standin.py 1 passed, 1 failed, 1 skipped"
     assert port.tests_of("fix-two", tests).startswith("no test module names it")
+
+
+STANDIN_MANIFESTS = '''
+FIX = "fix-one"
+
+def test_manifest_names_tests_that_exist():
+    pass
+
+def test_manifest_coverage_counts_the_current_hunks():
+    raise AssertionError("stand-in: no hunk_coverage figure in fix.json")
+'''
+
+
+def test_test_run_leaves_out_the_coverage_figure_check_when_the_port_marks_it_stale(porting, tmp_path):
+    """With the figures marked stale the port runs check-fixes without that one check (its
+    node id deselected), and says so; the other checks of the module still run."""
+    repo = standin_repo(tmp_path, {"test_gaudi_fix_manifests.py": STANDIN_MANIFESTS})
+    port = load_port()
+    run = [str(porting.pack), str(porting.new), sys.executable, str(tmp_path / "check.log")]
+    assert port.run_tests(*run, repo=str(repo))["exit"] == 1
+    tests = port.run_tests(*run, repo=str(repo), deselect=[port.COVERAGE_CHECK])
+    assert tests["exit"] == 0 and tests["deselected"] == [port.COVERAGE_CHECK]
+    assert tests["modules"]["test_gaudi_fix_manifests"]["passed"] == 1
+    assert sum(c["passed"] + c["failed"] + c["skipped"] for c in tests["modules"].values()) == 1
