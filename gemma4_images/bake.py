@@ -1,5 +1,6 @@
 """docker-bake.hcl for BuildKit users: one target per row of targets.yaml with the build args
 build.py passes, so `docker buildx bake gemma4-e2b-h100` builds what `build.py build h100` does."""
+
 from __future__ import annotations
 
 from . import facts
@@ -8,8 +9,7 @@ from .matrix import Matrix, dockerfile_name
 
 BAKE_FILE = "docker-bake.hcl"
 # Facts that change on every commit become HCL variables, so the committed file does not.
-PER_COMMIT = {"GEMMA4_REVISION": ("REVISION", "unknown"),
-              "GEMMA4_CREATED": ("CREATED", "1970-01-01T00:00:00Z")}
+PER_COMMIT = {"GEMMA4_REVISION": ("REVISION", "unknown"), "GEMMA4_CREATED": ("CREATED", "1970-01-01T00:00:00Z")}
 WHEELS_URL = ("WHEELS_URL", f"http://127.0.0.1:{WHEELHOUSE_PORT}/")
 
 HEADER = """\
@@ -51,9 +51,11 @@ def _string(value: str) -> str:
 
 def _map(name: str, values: dict[str, str], indent: str = "  ") -> list[str]:
     width = max(len(_key(k)) for k in values)
-    return [f"{indent}{name} = {{",
-            *[f"{indent}  {_key(k):<{width}} = {_string(v)}" for k, v in values.items()],
-            f"{indent}}}"]
+    return [
+        f"{indent}{name} = {{",
+        *[f"{indent}  {_key(k):<{width}} = {_string(v)}" for k, v in values.items()],
+        f"{indent}}}",
+    ]
 
 
 def _key(key: str) -> str:
@@ -75,9 +77,12 @@ def build_args(matrix: Matrix, name: str) -> dict[str, str]:
     default tokenizer source, per-commit facts as variables."""
     t = matrix.targets[name]
     bos_copy_of = matrix.project.model if t.bos_tokenizer else ""
-    args = {"BASE_IMAGE": t.base.ref, **facts.fix_args(matrix, name),
-            **facts.audio_args(matrix, name, Var(WHEELS_URL[0])),
-            **facts.facts(matrix, name, t.base.ref, t.base.digest or "", bos_copy_of)}
+    args = {
+        "BASE_IMAGE": t.base.ref,
+        **facts.fix_args(matrix, name),
+        **facts.audio_args(matrix, name, Var(WHEELS_URL[0])),
+        **facts.facts(matrix, name, t.base.ref, t.base.digest or "", bos_copy_of),
+    }
     for arg, (var, _) in PER_COMMIT.items():
         args[arg] = Var(var)
     return args
@@ -96,16 +101,20 @@ def render_bake(matrix: Matrix) -> str:
     for name, t in matrix.targets.items():
         for alias in t.aliases:
             lines += _block("group", target_name(matrix, alias), [f"  targets = {_list([target_name(matrix, name)])}"])
-    lines += ["# Shared by every target. Host networking, as build.py builds (it needs no bridge); BuildKit",
-              "# may ask you to confirm it with `--allow network.host`."]
+    lines += [
+        "# Shared by every target. Host networking, as build.py builds (it needs no bridge); BuildKit",
+        "# may ask you to confirm it with `--allow network.host`.",
+    ]
     lines += _block("target", "_common", ['  context = "."', '  network = "host"'])
     for name, t in matrix.targets.items():
         args = build_args(matrix, name)
-        body = ['  inherits = ["_common"]',
-                f"  dockerfile = {_string(dockerfile_name(t.family))}",
-                f"  tags = {_list([matrix.tag(name)])}",
-                *_map("args", args),
-                *_map("labels", {label: args[arg] for label, arg in BUILD_FACTS.items()})]
+        body = [
+            '  inherits = ["_common"]',
+            f"  dockerfile = {_string(dockerfile_name(t.family))}",
+            f"  tags = {_list([matrix.tag(name)])}",
+            *_map("args", args),
+            *_map("labels", {label: args[arg] for label, arg in BUILD_FACTS.items()}),
+        ]
         stage1 = None
         if t.stage1:
             # build.py builds stage 1 when its tag is missing; here the base resolves to that
@@ -115,7 +124,13 @@ def render_bake(matrix: Matrix) -> str:
         lines += _block("target", target_name(matrix, name), body)
         if stage1:
             lines += [f"# Stage 1 of {name}: {dockerfile_name(t.family + '-vllm')} on the image it names."]
-            lines += _block("target", stage1, ['  inherits = ["_common"]',
-                                               f"  dockerfile = {_string(dockerfile_name(t.family + '-vllm'))}",
-                                               f"  tags = {_list([t.base.image])}"])
+            lines += _block(
+                "target",
+                stage1,
+                [
+                    '  inherits = ["_common"]',
+                    f"  dockerfile = {_string(dockerfile_name(t.family + '-vllm'))}",
+                    f"  tags = {_list([t.base.image])}",
+                ],
+            )
     return "\n".join(lines).rstrip("\n") + "\n"

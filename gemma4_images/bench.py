@@ -10,6 +10,7 @@ changed. Then image size minus base size against the bytes the Dockerfile adds.
 Serving part: image/gemma4_bench.py (`gemma4-bench`) in the CPU image with the tiny model at
 tiny sizes, both modes. BENCHMARKS.md is regenerated with every figure and the recipe's own.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -25,8 +26,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from unittest import mock
 
-from . import images, localbase, matrix
 from testkit import tiny_model, trained
+
+from . import images, localbase, matrix
 from .matrix import ROOT
 
 sys.path.insert(0, str(ROOT / "image"))
@@ -45,6 +47,7 @@ OUT = ROOT / "BENCHMARKS.md"
 
 
 # -- pure parts (unit-tested) --------------------------------------------------------------------
+
 
 @dataclass
 class Step:
@@ -91,8 +94,11 @@ def parse_steps(lines: list[str], stamps: list[float] | None = None, end: float 
 
 def slowest(steps: list[Step], n: int = 3) -> list[str]:
     top = sorted(rebuilt(steps), key=lambda s: s.seconds, reverse=True)[:n]
-    return [f"{s.instruction.split(None, 1)[0]} {s.instruction.split(None, 1)[1][:40] if ' ' in s.instruction else ''}"
-            f" ({s.seconds:.2f} s)" for s in top]
+    return [
+        f"{s.instruction.split(None, 1)[0]} {s.instruction.split(None, 1)[1][:40] if ' ' in s.instruction else ''}"
+        f" ({s.seconds:.2f} s)"
+        for s in top
+    ]
 
 
 def rebuilt(steps: list[Step]) -> list[Step]:
@@ -131,7 +137,7 @@ def step_label(created_by: str, width: int = 80) -> str:
         m = re.search(r"/bin/(?:ba)?sh (?:-o pipefail )?-c (.*)", created_by, re.S)
         text = "RUN " + (m.group(1) if m else created_by)
     text = " ".join(text.split())
-    return text if len(text) <= width else text[:width - 1] + "…"
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def ratio(seconds: float, baseline: float) -> float:
@@ -163,21 +169,42 @@ def judge(s: Scenario, first_allowed: str | None, forbidden: tuple[str, ...] = (
         s.ok = s.layers_ok = s.steps_rebuilt == NOCHANGE_MAX_STEPS
     else:
         s.target = f"first rebuilt `{first_allowed}`, <= {PATCH_MAX_RATIO:.0%} of cold"
-        s.layers_ok = (s.first_rebuilt or "").startswith(first_allowed) \
-            and not any(r.startswith(f) for r in s.rebuilt_steps for f in forbidden)
+        s.layers_ok = (s.first_rebuilt or "").startswith(first_allowed) and not any(
+            r.startswith(f) for r in s.rebuilt_steps for f in forbidden
+        )
         s.time_ok = s.ratio <= PATCH_MAX_RATIO
         s.ok = s.layers_ok and s.time_ok
     return s
 
 
 def scenario_table(rows: list[Scenario]) -> str:
-    table = [("build", "steps rebuilt", "layers rebuilt", "seconds", "vs cold", "first step rebuilt", "target",
-              "layers", "time")]
+    table = [
+        (
+            "build",
+            "steps rebuilt",
+            "layers rebuilt",
+            "seconds",
+            "vs cold",
+            "first step rebuilt",
+            "target",
+            "layers",
+            "time",
+        )
+    ]
     for s in rows:
-        table.append((s.name, f"{s.steps_rebuilt}/{s.steps}", str(s.layers_rebuilt), f"{s.seconds:.1f}",
-                      f"{s.ratio:.1%}", f"`{s.first_rebuilt}`" if s.first_rebuilt else "-", s.target or "baseline",
-                      "-" if not s.target else "met" if s.layers_ok else "NOT met",
-                      "-" if not s.target or "%" not in s.target else "met" if s.time_ok else "NOT met"))
+        table.append(
+            (
+                s.name,
+                f"{s.steps_rebuilt}/{s.steps}",
+                str(s.layers_rebuilt),
+                f"{s.seconds:.1f}",
+                f"{s.ratio:.1%}",
+                f"`{s.first_rebuilt}`" if s.first_rebuilt else "-",
+                s.target or "baseline",
+                "-" if not s.target else "met" if s.layers_ok else "NOT met",
+                "-" if not s.target or "%" not in s.target else "met" if s.time_ok else "NOT met",
+            )
+        )
     return harness._markdown(table)
 
 
@@ -185,12 +212,19 @@ def size_verdict(image_bytes: int, base_bytes: int, added_bytes: int) -> dict:
     delta = image_bytes - base_bytes
     overhead = delta - added_bytes
     limit = added_bytes * (1 + SIZE_OVERHEAD_MAX)
-    return {"image": image_bytes, "base": base_bytes, "delta": delta, "added": added_bytes,
-            "overhead": overhead, "overhead_pct": overhead / added_bytes * 100 if added_bytes else 0.0,
-            "ok": delta <= limit}
+    return {
+        "image": image_bytes,
+        "base": base_bytes,
+        "delta": delta,
+        "added": added_bytes,
+        "overhead": overhead,
+        "overhead_pct": overhead / added_bytes * 100 if added_bytes else 0.0,
+        "ok": delta <= limit,
+    }
 
 
 # -- the build benchmark -------------------------------------------------------------------------
+
 
 def copy_context(dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
@@ -202,8 +236,11 @@ def copy_context(dest: Path) -> Path:
 
 
 def tree_hashes(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts
+    }
 
 
 def timed_build(client, m, base: str, context: Path, tokenizer: str, nocache: bool) -> tuple[float, list[Step], dict]:
@@ -217,19 +254,37 @@ def timed_build(client, m, base: str, context: Path, tokenizer: str, nocache: bo
     def capture(client_, spec, log, verbose=False):
         captured.update(spec.buildargs)
         return real(client_, spec, log, verbose=verbose)
+
     start = time.monotonic()
     with mock.patch.object(images, "build", capture):
-        images.build_target(client, m, TARGET, base_override=base, tokenizer_source=tokenizer, tag=BENCH_TAG,
-                            nocache=nocache, context=context, log=record)
+        images.build_target(
+            client,
+            m,
+            TARGET,
+            base_override=base,
+            tokenizer_source=tokenizer,
+            tag=BENCH_TAG,
+            nocache=nocache,
+            context=context,
+            log=record,
+        )
     end = time.monotonic()
     return end - start, parse_steps(lines, stamps, end), captured
 
 
 def scenario(name, seconds, steps, cold_s, changed, before_args, after_args) -> Scenario:
     again = rebuilt(steps)
-    s = Scenario(name, round(seconds, 2), len(steps), len(again), sum(1 for x in again if x.layer),
-                 again[0].instruction if again else None, ratio(seconds, cold_s),
-                 rebuilt_steps=[x.instruction for x in again], slowest=slowest(steps))
+    s = Scenario(
+        name,
+        round(seconds, 2),
+        len(steps),
+        len(again),
+        sum(1 for x in again if x.layer),
+        again[0].instruction if again else None,
+        ratio(seconds, cold_s),
+        rebuilt_steps=[x.instruction for x in again],
+        slowest=slowest(steps),
+    )
     if again:
         s.why = why_rebuilt(again[0], changed, before_args, after_args)
     return s
@@ -253,9 +308,15 @@ def build_bench(client, log, base: str | None = None, with_base: bool = False) -
         ctx = copy_context(Path(tmp) / "ctx")
         log(f"bench: cold build of {TARGET} on {base} (no cache)")
         cold_s, steps, args0 = timed_build(client, m, base, ctx, tokenizer, nocache=True)
-        cold = Scenario("cold (no cache)", round(cold_s, 2), len(steps), len(rebuilt(steps)),
-                        sum(1 for x in rebuilt(steps) if x.layer), steps[0].instruction if steps else None,
-                        slowest=slowest(steps))
+        cold = Scenario(
+            "cold (no cache)",
+            round(cold_s, 2),
+            len(steps),
+            len(rebuilt(steps)),
+            sum(1 for x in rebuilt(steps) if x.layer),
+            steps[0].instruction if steps else None,
+            slowest=slowest(steps),
+        )
         rows.append(cold)
 
         hashes = tree_hashes(ctx)
@@ -271,8 +332,13 @@ def build_bench(client, log, base: str | None = None, with_base: bool = False) -
         log(f"bench: rebuild after editing {manifest.relative_to(ctx)}")
         hashes, secs, steps, args2 = new, *timed_build(client, m, base, ctx, tokenizer, nocache=False)
         new = tree_hashes(ctx)
-        rows.append(judge(scenario("one patch file", secs, steps, cold_s, diff(hashes, new), args1, args2),
-                          "COPY patches/", forbidden=("COPY .build/tokenizer/", "COPY image/gemma4_serve.py")))
+        rows.append(
+            judge(
+                scenario("one patch file", secs, steps, cold_s, diff(hashes, new), args1, args2),
+                "COPY patches/",
+                forbidden=("COPY .build/tokenizer/", "COPY image/gemma4_serve.py"),
+            )
+        )
 
         entry = ctx / "image" / "gemma4_serve.py"
         text = entry.read_text().splitlines(keepends=True)
@@ -292,9 +358,18 @@ def build_bench(client, log, base: str | None = None, with_base: bool = False) -
         if not s.layers_ok:
             log(f"bench: REGRESSION in '{s.name}': first rebuilt `{s.first_rebuilt}` because {s.why}")
         elif not s.time_ok:
-            log(f"bench: '{s.name}' took {s.ratio:.1%} of the cold build (target <= {PATCH_MAX_RATIO:.0%}); "
-                f"the steps it rebuilt were the right ones, from `{s.first_rebuilt}` ({s.why})")
-    return {"base": base, "tag": BENCH_TAG, "cold_s": cold_s, "base_cold_s": base_cold_s, "scenarios": [asdict(s) for s in rows], "size": size}
+            log(
+                f"bench: '{s.name}' took {s.ratio:.1%} of the cold build (target <= {PATCH_MAX_RATIO:.0%}); "
+                f"the steps it rebuilt were the right ones, from `{s.first_rebuilt}` ({s.why})"
+            )
+    return {
+        "base": base,
+        "tag": BENCH_TAG,
+        "cold_s": cold_s,
+        "base_cold_s": base_cold_s,
+        "scenarios": [asdict(s) for s in rows],
+        "size": size,
+    }
 
 
 def diff(a: dict, b: dict) -> list[str]:
@@ -303,9 +378,13 @@ def diff(a: dict, b: dict) -> list[str]:
 
 def _dir_bytes(path: Path) -> int:
     """Bytes of the files a COPY of path sends (.dockerignore drops **/__pycache__)."""
-    return sum(p.stat().st_size for p in path.rglob("*")
-               if p.is_file() and "__pycache__" not in p.parts) if path.is_dir() else \
-        path.stat().st_size if path.exists() else 0
+    return (
+        sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+        if path.is_dir()
+        else path.stat().st_size
+        if path.exists()
+        else 0
+    )
 
 
 def image_size(client, base: str, ctx: Path) -> dict:
@@ -323,14 +402,17 @@ def image_size(client, base: str, ctx: Path) -> dict:
     dockerfile = (ctx / matrix.dockerfile_name("cpu")).read_text()
     if "gemma4_bench.py" in dockerfile:
         copied["bench harness (image/gemma4_bench.py)"] = _dir_bytes(bench_file)
-    script = ("import json,os,importlib.util as u;f=json.load(open('/etc/gemma4-e2b/fixes.json'));"
-              "paths=[os.path.join(os.path.dirname(os.path.dirname(u.find_spec(fx['package']).origin)),rel)"
-              " for fx in f['fixes'] for rel in fx.get('files',{})];"
-              "print(json.dumps({'rewritten':sum(os.path.getsize(p) for p in paths if os.path.exists(p)),"
-              "'files':len(paths),'records':sum(os.path.getsize(p) for p in "
-              "['/etc/gemma4-e2b/fixes.json','/etc/gemma4-e2b/build.json'])}))")
-    out = client.containers.run(BENCH_TAG, ["-c", script], entrypoint=["python3"], remove=True,
-                                network_mode="host").decode()
+    script = (
+        "import json,os,importlib.util as u;f=json.load(open('/etc/gemma4-e2b/fixes.json'));"
+        "paths=[os.path.join(os.path.dirname(os.path.dirname(u.find_spec(fx['package']).origin)),rel)"
+        " for fx in f['fixes'] for rel in fx.get('files',{})];"
+        "print(json.dumps({'rewritten':sum(os.path.getsize(p) for p in paths if os.path.exists(p)),"
+        "'files':len(paths),'records':sum(os.path.getsize(p) for p in "
+        "['/etc/gemma4-e2b/fixes.json','/etc/gemma4-e2b/build.json'])}))"
+    )
+    out = client.containers.run(
+        BENCH_TAG, ["-c", script], entrypoint=["python3"], remove=True, network_mode="host"
+    ).decode()
     inside = json.loads(out.strip().splitlines()[-1])
     added = dict(copied)
     extras = installed_since(client, base, BENCH_TAG)
@@ -338,52 +420,106 @@ def image_size(client, base: str, ctx: Path) -> dict:
         added[f"audio extras installed ({', '.join(sorted(extras))})"] = sum(extras.values())
     added[f"files the fixes rewrote ({inside['files']})"] = inside["rewritten"]
     added["fixes.json + build.json"] = inside["records"]
-    layers = [{"step": (h.get("CreatedBy") or "")[-90:], "bytes": h.get("Size", 0)}
-              for h in img.history() if h.get("Size")]
+    layers = [
+        {"step": (h.get("CreatedBy") or "")[-90:], "bytes": h.get("Size", 0)} for h in img.history() if h.get("Size")
+    ]
     base_ids = {h["Id"] for h in base_img.history() if h.get("Id") and h["Id"] != "<missing>"}
     ours = [h for h in img.history() if h.get("Id") not in base_ids]
     verdict = size_verdict(img.attrs["Size"], base_img.attrs["Size"], sum(added.values()))
-    return {**verdict, "parts": added,
-            "layers": [{"step": step_label(h.get("CreatedBy") or ""),
-                        "bytes": h.get("Size", 0)} for h in ours if h.get("Size")] or layers}
+    return {
+        **verdict,
+        "parts": added,
+        "layers": [
+            {"step": step_label(h.get("CreatedBy") or ""), "bytes": h.get("Size", 0)} for h in ours if h.get("Size")
+        ]
+        or layers,
+    }
 
 
-DIST_BYTES = ("import importlib.metadata as m, json, os; print(json.dumps({d.metadata['Name']: "
-              "sum(os.path.getsize(p) for p in map(d.locate_file, d.files or []) if os.path.isfile(p)) "
-              "for d in m.distributions()}))")
+DIST_BYTES = (
+    "import importlib.metadata as m, json, os; print(json.dumps({d.metadata['Name']: "
+    "sum(os.path.getsize(p) for p in map(d.locate_file, d.files or []) if os.path.isfile(p)) "
+    "for d in m.distributions()}))"
+)
 
 
 def installed_since(client, base: str, image: str) -> dict[str, int]:
     """Python distributions the image has and its base does not, with the bytes of their files."""
+
     def dists(ref):
         out = client.containers.run(ref, ["-c", DIST_BYTES], entrypoint=["python3"], remove=True, network_mode="host")
         return json.loads(out.decode().strip().splitlines()[-1])
+
     before, after = dists(base), dists(image)
     return {name: size for name, size in after.items() if name not in before}
 
 
 # -- the serving harness in the CPU image --------------------------------------------------------
 
+
 def docker_bench_cmd(image: str, model: Path, mount_harness: bool, argv: list[str]) -> list[str]:
-    cmd = ["docker", "run", "--rm", "--network", "host", "--shm-size", "1g",
-           "-e", "VLLM_CPU_KVCACHE_SPACE=1", "-e", "GEMMA4_MODEL=/models/tiny",
-           "-v", f"{model}:/models/tiny:ro"]
+    cmd = [
+        "docker",
+        "run",
+        "--rm",
+        "--network",
+        "host",
+        "--shm-size",
+        "1g",
+        "-e",
+        "VLLM_CPU_KVCACHE_SPACE=1",
+        "-e",
+        "GEMMA4_MODEL=/models/tiny",
+        "-v",
+        f"{model}:/models/tiny:ro",
+    ]
     if mount_harness:
         cmd += ["-v", f"{ROOT / 'image' / 'gemma4_bench.py'}:/usr/local/bin/gemma4-bench:ro"]
     return cmd + ["--entrypoint", "gemma4-bench", image, *argv]
 
 
-OFFLINE_TINY = ["offline", "--model", "/models/tiny", "--scale", "0.05", "--enforce-eager",
-                "--max-model-len", "1024", "--check-prompts", "16", "--json", "-"]
-SERVED_TINY = ["served", "--concurrency", "8", "--prompt-tokens", "30", "--max-tokens", "16",
-               "--token-low", "120", "--token-high", "250", "--startup-budget", "600", "--json", "-",
-               "--", "--enforce-eager", "--max-model-len", "1024"]
+OFFLINE_TINY = [
+    "offline",
+    "--model",
+    "/models/tiny",
+    "--scale",
+    "0.05",
+    "--enforce-eager",
+    "--max-model-len",
+    "1024",
+    "--check-prompts",
+    "16",
+    "--json",
+    "-",
+]
+SERVED_TINY = [
+    "served",
+    "--concurrency",
+    "8",
+    "--prompt-tokens",
+    "30",
+    "--max-tokens",
+    "16",
+    "--token-low",
+    "120",
+    "--token-high",
+    "250",
+    "--startup-budget",
+    "600",
+    "--json",
+    "-",
+    "--",
+    "--enforce-eager",
+    "--max-model-len",
+    "1024",
+]
 
 
 def harness_in_image(client, image: str) -> bool:
     try:
-        client.containers.run(image, ["-f", "/usr/local/bin/gemma4-bench"], entrypoint=["test"], remove=True,
-                              network_mode="host")
+        client.containers.run(
+            image, ["-f", "/usr/local/bin/gemma4-bench"], entrypoint=["test"], remove=True, network_mode="host"
+        )
         return True
     except Exception:  # noqa: BLE001 - ContainerError: not there
         return False
@@ -392,18 +528,23 @@ def harness_in_image(client, image: str) -> bool:
 def run_harness(client, image: str, argv: list[str], log) -> tuple[dict, float, bool]:
     shipped = harness_in_image(client, image)
     cmd = docker_bench_cmd(image, trained.ensure(), not shipped, argv)
-    log(f"bench: {' '.join(argv[:1])} harness in {image}" + ("" if shipped else " (harness mounted: not in the image yet)"))
+    log(
+        f"bench: {' '.join(argv[:1])} harness in {image}"
+        + ("" if shipped else " (harness mounted: not in the image yet)")
+    )
     start = time.monotonic()
     run = subprocess.run(cmd, capture_output=True, text=True)
     secs = time.monotonic() - start
     if run.returncode != 0:
-        raise RuntimeError(f"gemma4-bench {argv[0]} failed ({run.returncode}):\n" + "\n".join(run.stderr.splitlines()[-20:]))
+        raise RuntimeError(
+            f"gemma4-bench {argv[0]} failed ({run.returncode}):\n" + "\n".join(run.stderr.splitlines()[-20:])
+        )
     return harness_json(run.stdout), secs, shipped
 
 
 def harness_json(stdout: str) -> dict:
     """The result gemma4-bench prints with --json - (after its human-readable table)."""
-    return json.loads(stdout[stdout.index("\n{") + 1:] if not stdout.startswith("{") else stdout)
+    return json.loads(stdout[stdout.index("\n{") + 1 :] if not stdout.startswith("{") else stdout)
 
 
 def serving_bench(client, log, image: str = CPU_IMAGE) -> dict:
@@ -414,8 +555,14 @@ def serving_bench(client, log, image: str = CPU_IMAGE) -> dict:
     offline, off_s, shipped = run_harness(client, image, OFFLINE_TINY, log)
     served, srv_s, _ = run_harness(client, image, SERVED_TINY, log)
     offline.pop("continuations", None)
-    return {"image": image, "harness_shipped": shipped, "offline": offline, "offline_s": off_s,
-            "served": served, "served_s": srv_s}
+    return {
+        "image": image,
+        "harness_shipped": shipped,
+        "offline": offline,
+        "offline_s": off_s,
+        "served": served,
+        "served_s": srv_s,
+    }
 
 
 # -- start-up: our image against bare `vllm serve` on the same base -------------------------------
@@ -431,11 +578,16 @@ def startup_commands(client, image: str) -> tuple[list[str], list[str]]:
     copy as --tokenizer) and names the model folder, as a user of the base alone would."""
     t = matrix.load().targets[TARGET]
     ours = [*t.smoke.args, "--host", "127.0.0.1", "--port", "{port}"]
-    out = client.containers.run(image, ["--print-command", *ours], remove=True, network_mode="host",
-                                environment={"GEMMA4_MODEL": "/models/tiny"}).decode()
+    out = client.containers.run(
+        image,
+        ["--print-command", *ours],
+        remove=True,
+        network_mode="host",
+        environment={"GEMMA4_MODEL": "/models/tiny"},
+    ).decode()
     launch = shlex.split(out.strip().splitlines()[-1])
     bare, skip = [], False
-    for i, arg in enumerate(launch[2:]):          # after `vllm serve`
+    for i, arg in enumerate(launch[2:]):  # after `vllm serve`
         if skip:
             skip = False
             continue
@@ -446,16 +598,24 @@ def startup_commands(client, image: str) -> tuple[list[str], list[str]]:
     return ours, bare
 
 
-def time_to_health(client, image: str, args: list[str], entrypoint: list[str] | None, model: Path,
-                   budget: float = 600) -> float:
+def time_to_health(
+    client, image: str, args: list[str], entrypoint: list[str] | None, model: Path, budget: float = 600
+) -> float:
     """Seconds from `docker run` to the first 200 on /health; the container is always removed."""
     from .smoke import free_port, http
+
     port = free_port()
     start = time.monotonic()
     container = client.containers.run(
-        image, [a.replace("{port}", str(port)) for a in args], entrypoint=entrypoint, detach=True,
-        network_mode="host", shm_size="1g", environment={**STARTUP_ENV, "GEMMA4_MODEL": "/models/tiny"},
-        volumes={str(model): {"bind": "/models/tiny", "mode": "ro"}})
+        image,
+        [a.replace("{port}", str(port)) for a in args],
+        entrypoint=entrypoint,
+        detach=True,
+        network_mode="host",
+        shm_size="1g",
+        environment={**STARTUP_ENV, "GEMMA4_MODEL": "/models/tiny"},
+        volumes={str(model): {"bind": "/models/tiny", "mode": "ro"}},
+    )
     try:
         while time.monotonic() - start < budget:
             try:
@@ -465,8 +625,9 @@ def time_to_health(client, image: str, args: list[str], entrypoint: list[str] | 
                 pass
             container.reload()
             if container.status == "exited":
-                raise RuntimeError(f"{image} exited before /health answered:\n"
-                                   + container.logs().decode(errors="replace")[-2000:])
+                raise RuntimeError(
+                    f"{image} exited before /health answered:\n" + container.logs().decode(errors="replace")[-2000:]
+                )
             time.sleep(0.5)
         raise RuntimeError(f"{image}: /health did not answer within {budget:.0f} s")
     finally:
@@ -486,28 +647,43 @@ def startup_bench(client, log, image: str = CPU_IMAGE, rounds: int = STARTUP_ROU
         log(f"bench: start-up round {n + 1}/{rounds}: bare {times['bare'][-1]:.1f} s, ours {times['ours'][-1]:.1f} s")
     med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
     r = ratio(med["ours"], med["bare"])
-    return {"image": image, "base": base, "rounds": times, "median": med, "ratio": r,
-            "target": STARTUP_MAX_RATIO, "ok": r <= STARTUP_MAX_RATIO, "bare_args": bare, "ours_args": ours}
+    return {
+        "image": image,
+        "base": base,
+        "rounds": times,
+        "median": med,
+        "ratio": r,
+        "target": STARTUP_MAX_RATIO,
+        "ok": r <= STARTUP_MAX_RATIO,
+        "bare_args": bare,
+        "ours_args": ours,
+    }
 
 
 # -- load, client faults and a stop during traffic ------------------------------------------------
+
 
 def load_bench(client, log, image: str = CPU_IMAGE, rounds: int = 3) -> dict:
     """The recipe's 64 concurrent streams plus 16 plain requests against one server, `rounds` times,
     against a single request measured in the same run; then hang-ups and a stop during traffic."""
     from . import running, traffic
     from .smoke import free_port, wait_healthy
+
     model, port = trained.ensure(), free_port()
     url, served = f"http://127.0.0.1:{port}", "google/gemma-4-E2B-it"
     t = matrix.load().targets[TARGET]
     container = client.containers.run(
-        image, [*t.smoke.args, "--host", "127.0.0.1", "--port", str(port), "--served-model-name", served],
-        detach=True, network_mode="host", shm_size="1g",
+        image,
+        [*t.smoke.args, "--host", "127.0.0.1", "--port", str(port), "--served-model-name", served],
+        detach=True,
+        network_mode="host",
+        shm_size="1g",
         environment={**STARTUP_ENV, "GEMMA4_MODEL": "/models/tiny"},
-        volumes={str(model): {"bind": "/models/tiny", "mode": "ro"}})
+        volumes={str(model): {"bind": "/models/tiny", "mode": "ro"}},
+    )
     try:
         wait_healthy(container, url, 600)
-        traffic.run(url, served, streams=2, plain=0)                 # warm-up (the sampler compiles)
+        traffic.run(url, served, streams=2, plain=0)  # warm-up (the sampler compiles)
         alone = [traffic.run(url, served, streams=1, plain=0).latencies()[0] for _ in range(rounds)]
         rss_idle = running.rss_bytes(container)
         loads = [traffic.run(url, served, streams=64, plain=16) for _ in range(rounds)]
@@ -521,6 +697,7 @@ def load_bench(client, log, image: str = CPU_IMAGE, rounds: int = 3) -> dict:
             start = time.monotonic()
             container.stop(timeout=10)
             stop["seconds"] = time.monotonic() - start
+
         during = traffic.run(url, served, streams=6, plain=2, max_tokens=3000, during=stop_now)
         container.reload()
         stop["exit"] = container.attrs["State"]["ExitCode"]
@@ -529,141 +706,257 @@ def load_bench(client, log, image: str = CPU_IMAGE, rounds: int = 3) -> dict:
     single = sorted(alone)[len(alone) // 2]
     rows = [ld.summary() for ld in loads]
     log(f"bench: load p50 {[r['p50_s'] for r in rows]} s vs one request {single:.3f} s")
-    return {"image": image, "single_s": single, "rounds": rows, "rss_idle": rss_idle, "rss_loaded": rss_loaded,
-            "hang_ups": {"others_ok": sum(o.done for o in faults.of("stream")) + sum(o.status == 200 for o in faults.of("plain")),
-                         "others": len(faults.of("stream")) + len(faults.of("plain")), "running_after": running_after},
-            "stop": {**stop, "ended_503": sum(o.error_event == "the server is shutting down" or o.status == 503
-                                              for o in during.outcomes), "requests": len(during.outcomes)}}
+    return {
+        "image": image,
+        "single_s": single,
+        "rounds": rows,
+        "rss_idle": rss_idle,
+        "rss_loaded": rss_loaded,
+        "hang_ups": {
+            "others_ok": sum(o.done for o in faults.of("stream")) + sum(o.status == 200 for o in faults.of("plain")),
+            "others": len(faults.of("stream")) + len(faults.of("plain")),
+            "running_after": running_after,
+        },
+        "stop": {
+            **stop,
+            "ended_503": sum(
+                o.error_event == "the server is shutting down" or o.status == 503 for o in during.outcomes
+            ),
+            "requests": len(during.outcomes),
+        },
+    }
 
 
 def load_section(ld: dict) -> list[str]:
     rows = [("round", "requests ok", "p50 (s)", "p99 (s)", "p50 / one request", "p99 / one request")]
     for i, r in enumerate(ld["rounds"]):
-        rows.append((str(i + 1), f"{r['ok']}/{r['requests']}", f"{r['p50_s']:.3f}", f"{r['p99_s']:.3f}",
-                     f"{ratio(r['p50_s'], ld['single_s']):.1f}x", f"{ratio(r['p99_s'], ld['single_s']):.1f}x"))
+        rows.append(
+            (
+                str(i + 1),
+                f"{r['ok']}/{r['requests']}",
+                f"{r['p50_s']:.3f}",
+                f"{r['p99_s']:.3f}",
+                f"{ratio(r['p50_s'], ld['single_s']):.1f}x",
+                f"{ratio(r['p99_s'], ld['single_s']):.1f}x",
+            )
+        )
     h, st = ld["hang_ups"], ld["stop"]
     mib = ld["rss_loaded"] / 2**20
-    return ["## Load, client faults and a stop during traffic (CPU image, tiny model)", "",
-            f"`{ld['image']}`, the CPU tier's flags. Each round: 64 streaming chat requests (the recipe's "
-            f"`--max-num-seqs 64`) and 16 plain ones at once, 24 tokens each, after one request alone "
-            f"({ld['single_s']:.3f} s, median of the rounds) in the same run.", "",
-            harness._markdown(rows), "",
-            f"Server RSS (every process in the container): {ld['rss_idle'] / 2**20:,.0f} MiB idle, "
-            f"{mib:,.0f} MiB after the rounds ({ratio(ld['rss_loaded'], ld['rss_idle']):.3f}x).", "",
-            f"A quarter of 16 streaming clients hung up after two events: the other {h['others_ok']}/{h['others']} "
-            f"requests completed and `vllm:num_requests_running` went back to {h['running_after']:.0f}.", "",
-            f"`docker stop` during 8 long requests: exited {st['exit']} after {st['seconds']:.1f} s (docker's "
-            f"timeout 10 s); {st['ended_503']}/{st['requests']} requests ended with the 503 \"the server is "
-            f"shutting down\" (shutdown-ends-requests).", ""]
+    return [
+        "## Load, client faults and a stop during traffic (CPU image, tiny model)",
+        "",
+        f"`{ld['image']}`, the CPU tier's flags. Each round: 64 streaming chat requests (the recipe's "
+        f"`--max-num-seqs 64`) and 16 plain ones at once, 24 tokens each, after one request alone "
+        f"({ld['single_s']:.3f} s, median of the rounds) in the same run.",
+        "",
+        harness._markdown(rows),
+        "",
+        f"Server RSS (every process in the container): {ld['rss_idle'] / 2**20:,.0f} MiB idle, "
+        f"{mib:,.0f} MiB after the rounds ({ratio(ld['rss_loaded'], ld['rss_idle']):.3f}x).",
+        "",
+        f"A quarter of 16 streaming clients hung up after two events: the other {h['others_ok']}/{h['others']} "
+        f"requests completed and `vllm:num_requests_running` went back to {h['running_after']:.0f}.",
+        "",
+        f"`docker stop` during 8 long requests: exited {st['exit']} after {st['seconds']:.1f} s (docker's "
+        f'timeout 10 s); {st["ended_503"]}/{st["requests"]} requests ended with the 503 "the server is '
+        f'shutting down" (shutdown-ends-requests).',
+        "",
+    ]
 
 
 # -- BENCHMARKS.md -------------------------------------------------------------------------------
 
+
 def recipe_offline_table(ours: dict | None) -> str:
-    rows = [("Case (recipe sizes)", "Stock", "Fast prefill", "fast/stock", "Measured on",
-             "ours: fast/stock (tiny model, CPU)")]
+    rows = [
+        (
+            "Case (recipe sizes)",
+            "Stock",
+            "Fast prefill",
+            "fast/stock",
+            "Measured on",
+            "ours: fast/stock (tiny model, CPU)",
+        )
+    ]
     for name, (stock, fast) in harness.RECIPE_OFFLINE.items():
         title, inp, out, bs = harness.CASES[name]
         r = (ours or {}).get("ratios", {}).get(name)
-        rows.append((f"{title} ({inp:,} in, {out} out), bs {bs}", f"{harness.fmt_tps(stock)} tok/s",
-                     harness.fmt_tps(fast), f"{fast / stock:.2f}x", "recipe 000: 1x Gaudi 2, vllm-gaudi 058f107",
-                     f"{r:.2f}x" if r else "-"))
+        rows.append(
+            (
+                f"{title} ({inp:,} in, {out} out), bs {bs}",
+                f"{harness.fmt_tps(stock)} tok/s",
+                harness.fmt_tps(fast),
+                f"{fast / stock:.2f}x",
+                "recipe 000: 1x Gaudi 2, vllm-gaudi 058f107",
+                f"{r:.2f}x" if r else "-",
+            )
+        )
     return harness._markdown(rows)
 
 
 def startup_section(st: dict) -> list[str]:
     rows = [("round", "bare `vllm serve` (s)", "our image (s)")]
-    rows += [(str(i + 1), f"{b:.1f}", f"{o:.1f}") for i, (b, o) in enumerate(zip(st["rounds"]["bare"], st["rounds"]["ours"]))]
+    rows += [
+        (str(i + 1), f"{b:.1f}", f"{o:.1f}") for i, (b, o) in enumerate(zip(st["rounds"]["bare"], st["rounds"]["ours"]))
+    ]
     rows.append(("median", f"{st['median']['bare']:.1f}", f"{st['median']['ours']:.1f}"))
-    return ["## Start-up: our image against bare `vllm serve` on the same base", "",
-            f"Time from `docker run` to the first 200 on `/health`, the tiny model, the CPU tier's flags, "
-            f"{len(st['rounds']['bare'])} alternating rounds (bare first). Bare: `{st['base']}` running "
-            f"`vllm serve {' '.join(st['bare_args'])}`; ours: `{st['image']}` with the same launch plus what "
-            "only it has (the entrypoint, the fixes pack applied, the baked BOS tokenizer copy as "
-            "`--tokenizer`).", "",
-            harness._markdown(rows), "",
-            f"Ratio of medians, ours / bare: **{st['ratio']:.3f}** (target <= {st['target']}: "
-            f"{'met' if st['ok'] else 'NOT met'}).", ""]
+    return [
+        "## Start-up: our image against bare `vllm serve` on the same base",
+        "",
+        f"Time from `docker run` to the first 200 on `/health`, the tiny model, the CPU tier's flags, "
+        f"{len(st['rounds']['bare'])} alternating rounds (bare first). Bare: `{st['base']}` running "
+        f"`vllm serve {' '.join(st['bare_args'])}`; ours: `{st['image']}` with the same launch plus what "
+        "only it has (the entrypoint, the fixes pack applied, the baked BOS tokenizer copy as "
+        "`--tokenizer`).",
+        "",
+        harness._markdown(rows),
+        "",
+        f"Ratio of medians, ours / bare: **{st['ratio']:.3f}** (target <= {st['target']}: "
+        f"{'met' if st['ok'] else 'NOT met'}).",
+        "",
+    ]
 
 
-def render(build: dict | None, serving: dict | None, timings: dict, startup: dict | None = None,
-           load: dict | None = None) -> str:
-    out = ["# Benchmarks", "",
-           "Generated by `make bench` (`gemma4_images/bench.py`); do not edit. Every ratio is against a "
-           "baseline measured in the same run: these machines are noisy, so absolute seconds are for "
-           "reading, not for comparing across runs.", ""]
+def render(
+    build: dict | None, serving: dict | None, timings: dict, startup: dict | None = None, load: dict | None = None
+) -> str:
+    out = [
+        "# Benchmarks",
+        "",
+        "Generated by `make bench` (`gemma4_images/bench.py`); do not edit. Every ratio is against a "
+        "baseline measured in the same run: these machines are noisy, so absolute seconds are for "
+        "reading, not for comparing across runs.",
+        "",
+    ]
     if build:
-        out += ["## Build system", "",
-                f"Target `{TARGET}` (Dockerfile.cpu) on `{build['base']}`, built from a temporary copy of the "
-                f"build context with the tiny model's tokenizer. Cold = every step of Dockerfile.cpu rebuilt "
-                f"(`nocache`); the base itself is not rebuilt (it is a separate build, "
-                f"`python build.py base cpu`). Steps count every instruction after FROM; layers count "
-                f"COPY/ADD/RUN.", "",
-                scenario_table([Scenario(**s) for s in build["scenarios"]]), ""]
+        out += [
+            "## Build system",
+            "",
+            f"Target `{TARGET}` (Dockerfile.cpu) on `{build['base']}`, built from a temporary copy of the "
+            f"build context with the tiny model's tokenizer. Cold = every step of Dockerfile.cpu rebuilt "
+            f"(`nocache`); the base itself is not rebuilt (it is a separate build, "
+            f"`python build.py base cpu`). Steps count every instruction after FROM; layers count "
+            f"COPY/ADD/RUN.",
+            "",
+            scenario_table([Scenario(**s) for s in build["scenarios"]]),
+            "",
+        ]
         if build.get("base_cold_s"):
             whole = build["base_cold_s"] + build["cold_s"]
-            out += [f"Against a cold build that includes the local base ({build['base_cold_s']:.0f} s + "
-                    f"{build['cold_s']:.1f} s): " + ", ".join(
-                        f"{s['name']} {s['seconds'] / whole:.1%}" for s in build["scenarios"][1:]) + ".", ""]
+            out += [
+                f"Against a cold build that includes the local base ({build['base_cold_s']:.0f} s + "
+                f"{build['cold_s']:.1f} s): "
+                + ", ".join(f"{s['name']} {s['seconds'] / whole:.1%}" for s in build["scenarios"][1:])
+                + ".",
+                "",
+            ]
         out += ["Where the time went (slowest rebuilt steps):", ""]
         out += [f"- {s['name']}: {'; '.join(s['slowest']) or '-'}" for s in build["scenarios"]]
         out.append("")
         for s in build["scenarios"][1:]:
             if s["why"]:
-                out.append(f"- {s['name']}: first rebuilt `{s['first_rebuilt']}` because {s['why']}"
-                           + ("" if s["layers_ok"] else " **(regression: the wrong layer was rebuilt)**")
-                           + ("" if s["time_ok"] else f"; it took {s['ratio']:.1%} of the cold build, "
-                              f"over the {PATCH_MAX_RATIO:.0%} target"))
+                out.append(
+                    f"- {s['name']}: first rebuilt `{s['first_rebuilt']}` because {s['why']}"
+                    + ("" if s["layers_ok"] else " **(regression: the wrong layer was rebuilt)**")
+                    + (
+                        ""
+                        if s["time_ok"]
+                        else f"; it took {s['ratio']:.1%} of the cold build, over the {PATCH_MAX_RATIO:.0%} target"
+                    )
+                )
         sz = build["size"]
         mib = lambda b: f"{b / 2**20:,.2f} MiB"  # noqa: E731
-        out += ["", "### What the image adds", "",
-                f"Image {mib(sz['image'])} - base {mib(sz['base'])} = **{mib(sz['delta'])}**; bytes the "
-                f"Dockerfile adds: **{mib(sz['added'])}**; overhead {sz['overhead']:,} bytes "
-                f"({sz['overhead_pct']:.2f}% of added; target <= 1%: {'met' if sz['ok'] else 'NOT met'}).", "",
-                harness._markdown([("added", "bytes"), *[(k, f"{v:,}") for k, v in sz["parts"].items()]]), "",
-                "Per layer (from the image history, non-empty layers of ours):", "",
-                harness._markdown([("step", "bytes"), *[(f"`{x['step']}`", f"{x['bytes']:,}") for x in sz["layers"]]]),
-                ""]
+        out += [
+            "",
+            "### What the image adds",
+            "",
+            f"Image {mib(sz['image'])} - base {mib(sz['base'])} = **{mib(sz['delta'])}**; bytes the "
+            f"Dockerfile adds: **{mib(sz['added'])}**; overhead {sz['overhead']:,} bytes "
+            f"({sz['overhead_pct']:.2f}% of added; target <= 1%: {'met' if sz['ok'] else 'NOT met'}).",
+            "",
+            harness._markdown([("added", "bytes"), *[(k, f"{v:,}") for k, v in sz["parts"].items()]]),
+            "",
+            "Per layer (from the image history, non-empty layers of ours):",
+            "",
+            harness._markdown([("step", "bytes"), *[(f"`{x['step']}`", f"{x['bytes']:,}") for x in sz["layers"]]]),
+            "",
+        ]
     if startup:
         out += startup_section(startup)
     if load:
         out += load_section(load)
-    out += ["## Serving: the recipe's published figures", "",
-            "From recipe 000 (Performance), single runs on one Gaudi 2 card, vllm-gaudi releases/v0.30.0 "
-            "(058f107), vLLM ced6857a, Gaudi SW 1.24.1, prompt batch cap 1. `gemma4-bench offline` at its "
-            "default sizes reproduces this table; only a Gaudi 2 can check these numbers. The last column is "
-            "ours, from the tiny-model CPU run below at 5% of the recipe's sizes: it proves the harness runs, "
-            "it says nothing about Gemma 4 E2B speed.", "",
-            recipe_offline_table(serving and serving["offline"]), "",
-            "Served (recipe 000, 1x Gaudi 2, 64 concurrent ~600-token prompts, two recorded rounds per mode):", "",
-            harness.served_table({"modes": harness.RECIPE_SERVED}), "",
-            f"Fast prefill correctness (recipe 000, Gaudi 2): {harness.RECIPE_CORRECTNESS}.", ""]
+    out += [
+        "## Serving: the recipe's published figures",
+        "",
+        "From recipe 000 (Performance), single runs on one Gaudi 2 card, vllm-gaudi releases/v0.30.0 "
+        "(058f107), vLLM ced6857a, Gaudi SW 1.24.1, prompt batch cap 1. `gemma4-bench offline` at its "
+        "default sizes reproduces this table; only a Gaudi 2 can check these numbers. The last column is "
+        "ours, from the tiny-model CPU run below at 5% of the recipe's sizes: it proves the harness runs, "
+        "it says nothing about Gemma 4 E2B speed.",
+        "",
+        recipe_offline_table(serving and serving["offline"]),
+        "",
+        "Served (recipe 000, 1x Gaudi 2, 64 concurrent ~600-token prompts, two recorded rounds per mode):",
+        "",
+        harness.served_table({"modes": harness.RECIPE_SERVED}),
+        "",
+        f"Fast prefill correctness (recipe 000, Gaudi 2): {harness.RECIPE_CORRECTNESS}.",
+        "",
+    ]
     if serving:
         off, srv = serving["offline"], serving["served"]
-        out += ["## Serving: this machine (CPU image, tiny trained model)", "",
-                f"`{serving['image']}`, {timings.get('cpu', '2-core CPU')}; harness "
-                + ("shipped in the image" if serving["harness_shipped"] else
-                   "mounted from image/gemma4_bench.py (the image predates it)") + ". Tiny sizes, so the "
-                "figures prove the harness runs end to end; at millisecond batch latencies the fast/stock "
-                "ratios are noise and differ from run to run:", "",
-                "```", "gemma4-bench " + " ".join(OFFLINE_TINY[:-2]),
-                "gemma4-bench " + " ".join(SERVED_TINY).replace(" --json -", ""), "```", "",
-                harness.offline_table(off), "",
-                f"Fast prefill vs stock, greedy: {off.get('correctness', {}).get('summary', 'not run')}.", "",
-                harness.served_table(srv), ""]
+        out += [
+            "## Serving: this machine (CPU image, tiny trained model)",
+            "",
+            f"`{serving['image']}`, {timings.get('cpu', '2-core CPU')}; harness "
+            + (
+                "shipped in the image"
+                if serving["harness_shipped"]
+                else "mounted from image/gemma4_bench.py (the image predates it)"
+            )
+            + ". Tiny sizes, so the "
+            "figures prove the harness runs end to end; at millisecond batch latencies the fast/stock "
+            "ratios are noise and differ from run to run:",
+            "",
+            "```",
+            "gemma4-bench " + " ".join(OFFLINE_TINY[:-2]),
+            "gemma4-bench " + " ".join(SERVED_TINY).replace(" --json -", ""),
+            "```",
+            "",
+            harness.offline_table(off),
+            "",
+            f"Fast prefill vs stock, greedy: {off.get('correctness', {}).get('summary', 'not run')}.",
+            "",
+            harness.served_table(srv),
+            "",
+        ]
         if srv.get("outputs"):
             o = srv["outputs"]
-            out += [f"Served outputs, fast vs stock: first 40 characters {o['first_40_chars_identical']}/{o['n']}, "
-                    f"whole {o['identical']}/{o['n']}.", ""]
-    out += ["## How long `make bench` took here", "",
-            harness._markdown([("part", "seconds"), *[(k, f"{v:.0f}") for k, v in timings.items() if k != "cpu"]]),
-            ""]
+            out += [
+                f"Served outputs, fast vs stock: first 40 characters {o['first_40_chars_identical']}/{o['n']}, "
+                f"whole {o['identical']}/{o['n']}.",
+                "",
+            ]
+    out += [
+        "## How long `make bench` took here",
+        "",
+        harness._markdown([("part", "seconds"), *[(k, f"{v:.0f}") for k, v in timings.items() if k != "cpu"]]),
+        "",
+    ]
     return "\n".join(out)
 
 
-def main(log=print, out: Path = OUT, build: bool = True, serving: bool = True, with_base: bool = False,
-         startup: bool = True, load: bool = True) -> dict:
+def main(
+    log=print,
+    out: Path = OUT,
+    build: bool = True,
+    serving: bool = True,
+    with_base: bool = False,
+    startup: bool = True,
+    load: bool = True,
+) -> dict:
     from .docker_build import connect
+
     client = connect()
     timings: dict = {}
     results: dict = {}
@@ -687,8 +980,9 @@ def main(log=print, out: Path = OUT, build: bool = True, serving: bool = True, w
         timings["load, faults and stop benchmark"] = time.monotonic() - t
     timings["cpu"] = f"{__import__('os').cpu_count()} cores"
     results["timings"] = timings
-    out.write_text(render(results.get("build"), results.get("serving"), timings, results.get("startup"),
-                          results.get("load")))
+    out.write_text(
+        render(results.get("build"), results.get("serving"), timings, results.get("startup"), results.get("load"))
+    )
     (ROOT / ".build").mkdir(exist_ok=True)
     (ROOT / ".build" / "bench.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
     if results.get("build"):

@@ -1,6 +1,7 @@
 """gemma4-images: build, run and inspect the Gemma 4 E2B IT serving images in targets.yaml.
 
 The command line behind `python build.py` and the `gemma4-images` console script."""
+
 from __future__ import annotations
 
 import json
@@ -10,18 +11,25 @@ import sys
 from pathlib import Path
 
 import click
-
 from docker.errors import APIError
 
-from gemma4_images import images, matrix as matrix_mod, registry as registry_api, render, running, tokenizer_copy
-from gemma4_images import upstream, wheels
+from gemma4_images import images, render, running, tokenizer_copy, upstream, wheels
+from gemma4_images import matrix as matrix_mod
+from gemma4_images import registry as registry_api
 from gemma4_images.docker_build import BaseUnavailable, BuildFailed, DockerUnavailable, connect, local_image
 from gemma4_images.localbase import LocalBaseError
 from gemma4_images.matrix import MatrixError
 from gemma4_images.tokenizer_copy import TokenizerError
 
-EXPECTED = (MatrixError, DockerUnavailable, BaseUnavailable, LocalBaseError, upstream.UpstreamError,
-            TokenizerError, wheels.WheelsError)
+EXPECTED = (
+    MatrixError,
+    DockerUnavailable,
+    BaseUnavailable,
+    LocalBaseError,
+    upstream.UpstreamError,
+    TokenizerError,
+    wheels.WheelsError,
+)
 
 
 def fail(message: str, code: int = 1):
@@ -84,9 +92,18 @@ def cli():
 def list_targets(as_json):
     """Every target: name, family, base image, vLLM version, tag."""
     m = load()
-    rows = [{"target": n, "aliases": t.aliases, "family": t.family, "hardware": t.hardware,
-             "base": t.base.ref, "vllm": m.project.vllm_version, "tag": m.tag(n)}
-            for n, t in m.targets.items()]
+    rows = [
+        {
+            "target": n,
+            "aliases": t.aliases,
+            "family": t.family,
+            "hardware": t.hardware,
+            "base": t.base.ref,
+            "vllm": m.project.vllm_version,
+            "tag": m.tag(n),
+        }
+        for n, t in m.targets.items()
+    ]
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
@@ -105,8 +122,11 @@ def render_cmd(check):
     if check:
         stale = render.drift(m)
         if stale:
-            fail("generated files are out of date: " + ", ".join(stale)
-                 + "\nfix: run `python build.py render` (or `make render`) and commit the result")
+            fail(
+                "generated files are out of date: "
+                + ", ".join(stale)
+                + "\nfix: run `python build.py render` (or `make render`) and commit the result"
+            )
         click.echo("generated files are up to date")
         return
     changed = render.write(m)
@@ -135,11 +155,17 @@ def stage_cmd(tokenizer_source):
 @click.option("--no-cache", is_flag=True)
 @click.option("--dry-run", is_flag=True, help="Print the equivalent `docker build` and stop.")
 @click.option("--build-arg", "build_args", multiple=True, metavar="KEY=VALUE")
-@click.option("--tokenizer-source", metavar="DIR_OR_HUB_ID",
-              help="Where the BOS tokenizer copy comes from (default: the target's model on the hub, "
-                   "with HF_TOKEN from the environment).")
-@click.option("--tiny", is_flag=True, help="Bake the tiny test model's tokenizer (no hub) and tag "
-              "<tag>-tiny: the image `smoke --tiny` serves.")
+@click.option(
+    "--tokenizer-source",
+    metavar="DIR_OR_HUB_ID",
+    help="Where the BOS tokenizer copy comes from (default: the target's model on the hub, "
+    "with HF_TOKEN from the environment).",
+)
+@click.option(
+    "--tiny",
+    is_flag=True,
+    help="Bake the tiny test model's tokenizer (no hub) and tag <tag>-tiny: the image `smoke --tiny` serves.",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Stream every build step's output.")
 def build(targets, base_image, tag, no_cache, dry_run, build_args, tokenizer_source, tiny, verbose):
     """Build TARGETS (names or aliases; `all` for every target)."""
@@ -156,6 +182,7 @@ def build(targets, base_image, tag, no_cache, dry_run, build_args, tokenizer_sou
         fail("--tiny and --tokenizer-source both name the tokenizer; give one", 2)
     if tiny:
         from testkit import tiny_model
+
         tokenizer_source = str(tiny_model.ensure())
     if dry_run:
         for name in names:
@@ -164,10 +191,18 @@ def build(targets, base_image, tag, no_cache, dry_run, build_args, tokenizer_sou
     try:
         client = connect()
         for name in names:
-            built = images.build_target(client, m, name, base_override=base_image, nocache=no_cache,
-                                        tag=tag or (tiny_tag(m, name) if tiny else None),
-                                        tokenizer_source=tokenizer_source, extra_args=extra, log=log,
-                                        verbose=verbose)
+            built = images.build_target(
+                client,
+                m,
+                name,
+                base_override=base_image,
+                nocache=no_cache,
+                tag=tag or (tiny_tag(m, name) if tiny else None),
+                tokenizer_source=tokenizer_source,
+                extra_args=extra,
+                log=log,
+                verbose=verbose,
+            )
             click.echo(built)
     except BuildFailed as e:
         click.echo("\n".join(f"  | {line}" for line in e.tail), err=True)
@@ -178,14 +213,24 @@ def build(targets, base_image, tag, no_cache, dry_run, build_args, tokenizer_sou
 
 @cli.command()
 @click.argument("targets", nargs=-1)
-@click.option("--check", is_flag=True, help="Change nothing; exit 1 if any base's digest moved, is not "
-              "pinned or cannot be resolved.")
-@click.option("--file", "path", type=click.Path(dir_okay=False, path_type=Path), default=matrix_mod.TARGETS_FILE,
-              show_default="targets.yaml", help="The targets file to read and edit.")
+@click.option(
+    "--check",
+    is_flag=True,
+    help="Change nothing; exit 1 if any base's digest moved, is not pinned or cannot be resolved.",
+)
+@click.option(
+    "--file",
+    "path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=matrix_mod.TARGETS_FILE,
+    show_default="targets.yaml",
+    help="The targets file to read and edit.",
+)
 def pin(targets, check, path):
     """Record each base image's registry digest in targets.yaml (TARGETS, default all; Gaudi's
     stage-1 image for gaudi2), keeping its comments and layout; builds then pull image@digest."""
     from gemma4_images import pin as pin_mod
+
     try:
         m = matrix_mod.load(path)
         names = [m.resolve(t) for t in targets] if targets and targets != ("all",) else list(m.targets)
@@ -198,16 +243,21 @@ def pin(targets, check, path):
     if check:
         off = [r.state for r in results if r.state != "ok"]
         if off:
-            counts = ", ".join(f"{n} {state}" for state in ("moved", "unpinned", "missing", "error")
-                               if (n := off.count(state)))
-            fail(f"{len(off)} of {len(results)} bases are not pinned at the registry's digest ({counts}); "
-                 "check the new images, then run `python build.py pin` to pin them")
+            counts = ", ".join(
+                f"{n} {state}" for state in ("moved", "unpinned", "missing", "error") if (n := off.count(state))
+            )
+            fail(
+                f"{len(off)} of {len(results)} bases are not pinned at the registry's digest ({counts}); "
+                "check the new images, then run `python build.py pin` to pin them"
+            )
         return
     try:
         changed = pin_mod.write(path, {r.base.image: r.digest for r in results if r.state in ("moved", "unpinned")})
     except pin_mod.PinError as e:
         fail(str(e))
-    click.echo(f"pinned {len(changed)} base(s) in {path}" if changed else f"{path} already pins every digest it could resolve")
+    click.echo(
+        f"pinned {len(changed)} base(s) in {path}" if changed else f"{path} already pins every digest it could resolve"
+    )
     if changed and path.resolve() == matrix_mod.TARGETS_FILE.resolve():
         wrote = render.write(matrix_mod.load())
         click.echo("re-rendered " + ", ".join(wrote))
@@ -235,8 +285,14 @@ def base(target, no_cache):
 @click.argument("target")
 @click.option("--image", callback=reference, help="Image to run (default: the target's tag).")
 @click.option("--print", "print_only", is_flag=True, help="Print the `docker run` line and stop.")
-@click.option("-e", "--env", "env", multiple=True, metavar="KEY=VALUE",
-              help="GEMMA4_VARIANT, GEMMA4_FEATURES, GEMMA4_MODEL or any other variable.")
+@click.option(
+    "-e",
+    "--env",
+    "env",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="GEMMA4_VARIANT, GEMMA4_FEATURES, GEMMA4_MODEL or any other variable.",
+)
 @click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED)
 def run(target, image, print_only, env, vllm_args):
     """Run TARGET's image with the recipe's device flags; VLLM_ARGS are appended to the launch."""
@@ -259,13 +315,17 @@ def run(target, image, print_only, env, vllm_args):
 @click.argument("target")
 @click.option("--image", callback=reference, help="Image to test (default: the target's tag).")
 @click.option("--model", help="Hub id, or a local folder mounted into the container.")
-@click.option("--tiny", is_flag=True, help="Serve the tiny Gemma 4 trained on a script (testkit/, no hub "
-              "needed) and check its answers exactly.")
+@click.option(
+    "--tiny",
+    is_flag=True,
+    help="Serve the tiny Gemma 4 trained on a script (testkit/, no hub needed) and check its answers exactly.",
+)
 @click.option("--report", type=click.Path(), help="JSON report path (default reports/smoke-<target>.json).")
 def smoke(target, image, model, tiny, report):
     """Start TARGET's image, wait for it, run the recipe's checks; non-zero exit on any failure.
     Exit 3 when this machine lacks the target's accelerator (the tier is skipped, not passed)."""
     from gemma4_images import smoke as smoke_mod
+
     m = load()
     try:
         name = m.resolve(target)
@@ -285,6 +345,7 @@ def smoke(target, image, model, tiny, report):
         # Test support (testkit/): the tiny Gemma 4 trained on a script of exchanges, so the
         # answers can be checked exactly. A 1.5 MB model made to test serving, not Gemma 4.
         from testkit import exchanges, trained
+
         model, script = str(trained.ensure()), exchanges.EXCHANGES
     image = image or (tiny_tag(m, name) if tiny else m.tag(name))
     if local_image(client, image) is None:
@@ -293,11 +354,15 @@ def smoke(target, image, model, tiny, report):
     path = Path(report or f"reports/smoke-{name}.json")
     result.write(path)
     if result.answers:
-        click.echo("The tiny trained model's answers (a 1.5 MB model trained on a script, to test serving, not Gemma 4):")
+        click.echo(
+            "The tiny trained model's answers (a 1.5 MB model trained on a script, to test serving, not Gemma 4):"
+        )
         click.echo("\n".join(f"  {name:<16} {q} -> {a}" for name, q, a in result.answers) + "\n")
     click.echo(result.table())
     if not result.ok:
-        click.echo("\ncontainer log (last lines):\n" + "\n".join(f"  | {line}" for line in result.log_tail[-40:]), err=True)
+        click.echo(
+            "\ncontainer log (last lines):\n" + "\n".join(f"  | {line}" for line in result.log_tail[-40:]), err=True
+        )
         fail(f"smoke test of {result.image} failed; report: {path}")
     click.echo(f"all checks passed; report: {path}")
 
@@ -312,6 +377,7 @@ def smoke(target, image, model, tiny, report):
 def push(targets, registry, image, moving_tag, skip_smoke, allow_dirty):
     """Tag and push TARGETS' images; prints each digest and records them in reports/pushed.json."""
     from gemma4_images import publish
+
     m = load()
     if image and len(targets) > 1:
         fail("--image names one image; give one target", 2)
@@ -320,8 +386,17 @@ def push(targets, registry, image, moving_tag, skip_smoke, allow_dirty):
     except MatrixError as e:
         fail(str(e), 2)
     try:
-        entries = publish.push(connect(), m, names, registry, moving_tag=moving_tag, skip_smoke=skip_smoke,
-                               allow_dirty=allow_dirty, sources={names[0]: image} if image else None, log=log)
+        entries = publish.push(
+            connect(),
+            m,
+            names,
+            registry,
+            moving_tag=moving_tag,
+            skip_smoke=skip_smoke,
+            allow_dirty=allow_dirty,
+            sources={names[0]: image} if image else None,
+            log=log,
+        )
     except (publish.PushError, *EXPECTED) as e:
         fail(str(e))
     for entry in entries:
@@ -337,14 +412,25 @@ def push(targets, registry, image, moving_tag, skip_smoke, allow_dirty):
 @click.option("--secret", default="hf-token", show_default=True, help="Secret holding HF_TOKEN.")
 def k8s(target, replicas, image, pvc, no_pvc, secret):
     """Print a Kubernetes Deployment + Service for TARGET."""
-    from gemma4_images import k8s as k8s_mod, publish
+    from gemma4_images import k8s as k8s_mod
+    from gemma4_images import publish
+
     m = load()
     try:
         name = m.resolve(target)
     except MatrixError as e:
         fail(str(e), 2)
-    click.echo(k8s_mod.render_k8s(m, name, replicas, image=image or publish.pushed_ref(name) or m.tag(name),
-                                  hf_cache_pvc=None if no_pvc else pvc, hf_token_secret=secret), nl=False)
+    click.echo(
+        k8s_mod.render_k8s(
+            m,
+            name,
+            replicas,
+            image=image or publish.pushed_ref(name) or m.tag(name),
+            hf_cache_pvc=None if no_pvc else pvc,
+            hf_token_secret=secret,
+        ),
+        nl=False,
+    )
 
 
 @cli.command()
@@ -366,18 +452,30 @@ def inspect(image):
 @cli.command("bench")
 @click.option("--no-build", "skip_build", is_flag=True, help="Skip the build-system benchmark.")
 @click.option("--no-serving", "skip_serving", is_flag=True, help="Skip the serving harness run.")
-@click.option("--no-startup", "skip_startup", is_flag=True,
-              help="Skip the start-up benchmark (our image against bare vllm serve, ~6 min).")
+@click.option(
+    "--no-startup",
+    "skip_startup",
+    is_flag=True,
+    help="Skip the start-up benchmark (our image against bare vllm serve, ~6 min).",
+)
 @click.option("--no-load", "skip_load", is_flag=True, help="Skip the load, client-fault and stop benchmark.")
-@click.option("--with-base", is_flag=True,
-              help="Also time a no-cache build of the local CPU base (~3.5 min; re-tags the base).")
+@click.option(
+    "--with-base", is_flag=True, help="Also time a no-cache build of the local CPU base (~3.5 min; re-tags the base)."
+)
 def bench_cmd(skip_build, skip_serving, skip_startup, skip_load, with_base):
     """Cold/no-change/one-patch/one-entrypoint-line rebuilds, image overhead, gemma4-bench in the CPU
     image with the tiny model, and start-up time against bare vllm serve; regenerates BENCHMARKS.md."""
     from gemma4_images import bench
+
     try:
-        results = bench.main(log, build=not skip_build, serving=not skip_serving, with_base=with_base,
-                             startup=not skip_startup, load=not skip_load)
+        results = bench.main(
+            log,
+            build=not skip_build,
+            serving=not skip_serving,
+            with_base=with_base,
+            startup=not skip_startup,
+            load=not skip_load,
+        )
     except BuildFailed as e:
         click.echo("\n".join(f"  | {line}" for line in e.tail), err=True)
         fail(f"{e}\nno image was tagged")

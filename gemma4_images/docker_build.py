@@ -1,4 +1,5 @@
 """Talk to the Docker engine: connect, find or pull bases, build with streamed progress."""
+
 from __future__ import annotations
 
 import re
@@ -39,7 +40,8 @@ def connect() -> docker.DockerClient:
         reason = str(e).split("(")[0].strip().rstrip(":") or type(e).__name__
         raise DockerUnavailable(
             f"cannot reach the Docker daemon ({reason}). Start it (`dockerd --bridge=none "
-            "--iptables=false &`, or `systemctl start docker`) or point DOCKER_HOST at one.") from None
+            "--iptables=false &`, or `systemctl start docker`) or point DOCKER_HOST at one."
+        ) from None
 
 
 def local_image(client, ref: str):
@@ -51,8 +53,9 @@ def local_image(client, ref: str):
 
 def pull(client, ref: str) -> str | None:
     """Pull ref; returns None on success, else the registry's reason in one line."""
-    repo, _, tag = ref.partition("@") if "@" in ref else ref.rpartition(":") if ":" in ref.split("/")[-1] \
-        else (ref, "", "latest")
+    repo, _, tag = (
+        ref.partition("@") if "@" in ref else ref.rpartition(":") if ":" in ref.split("/")[-1] else (ref, "", "latest")
+    )
     try:
         client.images.pull(repo, tag=tag or None)
         return None
@@ -97,9 +100,18 @@ class BuildSpec:
 def build(client, spec: BuildSpec, log: Callable[[str], None], verbose: bool = False) -> str:
     """Build spec; returns the image id. On failure raises BuildFailed; nothing is tagged and
     forcerm removes the failed step's container."""
-    stream = client.api.build(path=str(spec.context), dockerfile=spec.dockerfile, tag=spec.tag,
-                              buildargs=spec.buildargs, network_mode="host", rm=True, forcerm=True,
-                              nocache=spec.nocache, pull=False, decode=True)
+    stream = client.api.build(
+        path=str(spec.context),
+        dockerfile=spec.dockerfile,
+        tag=spec.tag,
+        buildargs=spec.buildargs,
+        network_mode="host",
+        rm=True,
+        forcerm=True,
+        nocache=spec.nocache,
+        pull=False,
+        decode=True,
+    )
     step, image_id, last_layer, tail = None, None, None, deque(maxlen=LOG_TAIL)
     for chunk in stream:
         if "error" in chunk:

@@ -1,6 +1,7 @@
 """The facts a build records about itself, as build args: the image's labels and
 /etc/gemma4-e2b/build.json are made from them (BUILD_FACTS), the fixes and audio switches. Pure:
 no Docker, nothing downloaded, so render and bake use them without the engine."""
+
 from __future__ import annotations
 
 import os
@@ -54,7 +55,9 @@ def facts(matrix: Matrix, name: str, base_name: str, base_digest: str, bos_copy_
     """Build args for the Dockerfile; the image's labels and build.json are made from these."""
     tag = matrix.tag(name)
     values = {
-        "GEMMA4_TITLE": f"{matrix.project.model} on vLLM {matrix.project.vllm_version} ({matrix.targets[name].hardware})",
+        "GEMMA4_TITLE": (
+            f"{matrix.project.model} on vLLM {matrix.project.vllm_version} ({matrix.targets[name].hardware})"
+        ),
         "GEMMA4_SOURCE": matrix.project.source,
         "GEMMA4_REVISION": revision(),
         "GEMMA4_VERSION": tag.split(":", 1)[1],
@@ -73,11 +76,15 @@ def facts(matrix: Matrix, name: str, base_name: str, base_digest: str, bos_copy_
 
 def fix_args(matrix: Matrix, name: str) -> dict[str, str]:
     fixes = matrix.targets[name].fixes
-    return {"GEMMA4_FIXES_PROFILE": fixes.profile if fixes else "",
-            "GEMMA4_FIXES_OPT_IN": " ".join(fixes.opt_in) if fixes else ""}
+    return {
+        "GEMMA4_FIXES_PROFILE": fixes.profile if fixes else "",
+        "GEMMA4_FIXES_OPT_IN": " ".join(fixes.opt_in) if fixes else "",
+    }
 
 
 def audio_args(matrix: Matrix, name: str, wheels_url: str) -> dict[str, str]:
     audio = matrix.targets[name].audio
-    return {"GEMMA4_AUDIO_EXTRAS": " ".join(matrix.audio_extras) if audio else "",
-            "GEMMA4_WHEELS_URL": wheels_url if audio else ""}
+    return {
+        "GEMMA4_AUDIO_EXTRAS": " ".join(matrix.audio_extras) if audio else "",
+        "GEMMA4_WHEELS_URL": wheels_url if audio else "",
+    }

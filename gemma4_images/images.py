@@ -1,4 +1,5 @@
 """Build one target's image: pick its base, gather its facts (gemma4_images.facts), build it."""
+
 from __future__ import annotations
 
 from contextlib import nullcontext
@@ -19,8 +20,7 @@ def resolve_base(client, matrix: Matrix, name: str, override: str | None, log) -
         return wanted
     if target.stage1 and not override:
         log(f"{wanted} is not here: building Gaudi stage 1 ({dockerfile_name('gaudi-vllm')}) first")
-        build(client, BuildSpec(dockerfile=dockerfile_name("gaudi-vllm"), tag=wanted, context=ROOT,
-                                buildargs={}), log)
+        build(client, BuildSpec(dockerfile=dockerfile_name("gaudi-vllm"), tag=wanted, context=ROOT, buildargs={}), log)
         return wanted
     reason = pull(client, wanted)
     if reason is None:
@@ -29,8 +29,11 @@ def resolve_base(client, matrix: Matrix, name: str, override: str | None, log) -
     if local and local_image(client, local) is not None:
         log(f"cannot pull {wanted} ({reason}); using the local stand-in {local}")
         return local
-    hint = (f"build the local stand-in with `python build.py base {name}` (air-gapped, no registry)"
-            if local else "pass --base-image with an image that is present locally")
+    hint = (
+        f"build the local stand-in with `python build.py base {name}` (air-gapped, no registry)"
+        if local
+        else "pass --base-image with an image that is present locally"
+    )
     raise BaseUnavailable(f"cannot pull {wanted}: {reason}. {hint[0].upper() + hint[1:]}.")
 
 
@@ -45,8 +48,20 @@ def audio_wheels(client, matrix: Matrix, name: str, base: str, log) -> Path | No
     return house
 
 
-def build_target(client, matrix: Matrix, name: str, *, base_override=None, tag=None, nocache=False,
-                 tokenizer_source=None, extra_args=None, log=print, verbose=False, context=ROOT) -> str:
+def build_target(
+    client,
+    matrix: Matrix,
+    name: str,
+    *,
+    base_override=None,
+    tag=None,
+    nocache=False,
+    tokenizer_source=None,
+    extra_args=None,
+    log=print,
+    verbose=False,
+    context=ROOT,
+) -> str:
     """Build name's image from the build context (the repository, or a copy of its image inputs)."""
     name = matrix.resolve(name)
     tag = tag or matrix.tag(name)
@@ -56,35 +71,55 @@ def build_target(client, matrix: Matrix, name: str, *, base_override=None, tag=N
     image = local_image(client, base)
     house = audio_wheels(client, matrix, name, base, log)
     with wheels.serve_directory(house) if house else nullcontext("") as wheels_url:
-        buildargs = {"BASE_IMAGE": base, **fix_args(matrix, name), **audio_args(matrix, name, wheels_url),
-                     **facts(matrix, name, base, base_digest(image, base),
-                             bos_copy_of),
-                     **(extra_args or {})}
-        spec = BuildSpec(dockerfile=dockerfile_name(matrix.targets[name].family), tag=tag,
-                         buildargs=buildargs, context=context, nocache=nocache)
+        buildargs = {
+            "BASE_IMAGE": base,
+            **fix_args(matrix, name),
+            **audio_args(matrix, name, wheels_url),
+            **facts(matrix, name, base, base_digest(image, base), bos_copy_of),
+            **(extra_args or {}),
+        }
+        spec = BuildSpec(
+            dockerfile=dockerfile_name(matrix.targets[name].family),
+            tag=tag,
+            buildargs=buildargs,
+            context=context,
+            nocache=nocache,
+        )
         log(f"building {tag} ({spec.dockerfile} on {base})")
         build(client, spec, log, verbose=verbose)
     return tag
 
 
-def dry_run(matrix: Matrix, name: str, base_override=None, tag=None, nocache=False, tokenizer_source=None,
-            extra_args=None) -> str:
+def dry_run(
+    matrix: Matrix, name: str, base_override=None, tag=None, nocache=False, tokenizer_source=None, extra_args=None
+) -> str:
     """The build as a command, without touching the engine (base digest shown as a placeholder)."""
     name = matrix.resolve(name)
     target = matrix.targets[name]
     base = base_override or target.base.ref
     bos = (tokenizer_source or matrix.project.model) if target.bos_tokenizer else ""
-    buildargs = {"BASE_IMAGE": base, **fix_args(matrix, name), **audio_args(matrix, name, "<served at build>"),
-                 **facts(matrix, name, base, target.base.digest or "<resolved at build>", bos),
-                 **(extra_args or {})}
-    return BuildSpec(dockerfile=dockerfile_name(target.family), tag=tag or matrix.tag(name),
-                     buildargs=buildargs, context=ROOT, nocache=nocache).command_line()
+    buildargs = {
+        "BASE_IMAGE": base,
+        **fix_args(matrix, name),
+        **audio_args(matrix, name, "<served at build>"),
+        **facts(matrix, name, base, target.base.digest or "<resolved at build>", bos),
+        **(extra_args or {}),
+    }
+    return BuildSpec(
+        dockerfile=dockerfile_name(target.family),
+        tag=tag or matrix.tag(name),
+        buildargs=buildargs,
+        context=ROOT,
+        nocache=nocache,
+    ).command_line()
 
 
 def build_local_base(client, matrix: Matrix, name: str, log, nocache=False) -> str:
     target = matrix.targets[matrix.resolve(name)]
     if not target.base.local:
-        raise BaseUnavailable(f"{name} has no local stand-in base; only "
-                              + ", ".join(n for n, t in matrix.targets.items() if t.base.local)
-                              + " can be built without a registry")
+        raise BaseUnavailable(
+            f"{name} has no local stand-in base; only "
+            + ", ".join(n for n, t in matrix.targets.items() if t.base.local)
+            + " can be built without a registry"
+        )
     return localbase.cpu_base(client, matrix, log, tag=target.base.local, nocache=nocache)

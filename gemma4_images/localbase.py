@@ -2,6 +2,7 @@
 vllm/vllm-openai-cpu. This is also the air-gapped path for users behind firewalls: Debian
 packages through mmdebstrap, Python wheels downloaded on the host and served to the build on
 127.0.0.1, so the image build itself reaches nothing outside this machine."""
+
 from __future__ import annotations
 
 import hashlib
@@ -17,10 +18,15 @@ from .matrix import ROOT
 from .wheels import serve_directory, wheelhouse
 
 ROOTFS_TAG = "gemma4-e2b-base/debian-python:bookworm"
-ROOTFS_PACKAGES = ["python3", "python3-venv", "ca-certificates",
-                   "libnuma1",                # vLLM's CPU backend loads libnuma at start-up
-                   "g++", "python3-dev"]      # vLLM's CPU sampler is torch.compile'd, even with
-                                              # --enforce-eager: inductor builds C++ at run time
+ROOTFS_PACKAGES = [
+    "python3",
+    "python3-venv",
+    "ca-certificates",
+    "libnuma1",  # vLLM's CPU backend loads libnuma at start-up
+    "g++",
+    "python3-dev",
+]  # vLLM's CPU sampler is torch.compile'd, even with
+# --enforce-eager: inductor builds C++ at run time
 CPU_BASE_DIR = ROOT / "bases" / "vllm-cpu-local"
 INPUTS_LABEL = "io.gemma4-images.base-inputs"
 
@@ -45,20 +51,27 @@ def rootfs(client, log) -> str:
     if _current(client, ROOTFS_TAG, inputs):
         return ROOTFS_TAG
     if shutil.which("mmdebstrap") is None:
-        raise LocalBaseError("mmdebstrap is not installed: `apt-get install mmdebstrap` (it builds the "
-                             "local Debian base without any registry)")
+        raise LocalBaseError(
+            "mmdebstrap is not installed: `apt-get install mmdebstrap` (it builds the "
+            "local Debian base without any registry)"
+        )
     log(f"making {ROOTFS_TAG} with mmdebstrap ({', '.join(ROOTFS_PACKAGES)})")
     with tempfile.TemporaryDirectory() as tmp:
         tar = Path(tmp) / "rootfs.tar"
-        run = subprocess.run(["mmdebstrap", "--variant=minbase", "--include=" + ",".join(ROOTFS_PACKAGES),
-                              "bookworm", str(tar)], capture_output=True, text=True)
+        run = subprocess.run(
+            ["mmdebstrap", "--variant=minbase", "--include=" + ",".join(ROOTFS_PACKAGES), "bookworm", str(tar)],
+            capture_output=True,
+            text=True,
+        )
         if run.returncode != 0:
             raise LocalBaseError("mmdebstrap failed:\n" + "\n".join(run.stderr.splitlines()[-15:]))
         with open(tar, "rb") as f:
-            client.api.import_image_from_data(f.read(), repository=ROOTFS_TAG.split(":")[0],
-                                              tag=ROOTFS_TAG.split(":")[1],
-                                              changes=[f"LABEL {INPUTS_LABEL}={inputs}",
-                                                       'CMD ["python3"]'])
+            client.api.import_image_from_data(
+                f.read(),
+                repository=ROOTFS_TAG.split(":")[0],
+                tag=ROOTFS_TAG.split(":")[1],
+                changes=[f"LABEL {INPUTS_LABEL}={inputs}", 'CMD ["python3"]'],
+            )
     return ROOTFS_TAG
 
 
@@ -85,7 +98,9 @@ def cpu_base(client, matrix, log, tag: str | None = None, nocache: bool = False)
         log(f"{tag} is up to date")
         return tag
     with ThreadPoolExecutor(1) as pool:
-        house = pool.submit(wheelhouse, [requirement, uv], name=f"{requirement.replace('==', '-')}-{uv.replace('==', '-')}")
+        house = pool.submit(
+            wheelhouse, [requirement, uv], name=f"{requirement.replace('==', '-')}-{uv.replace('==', '-')}"
+        )
         base = rootfs(client, log)
         inputs = inputs_for(base)
         if not nocache and _current(client, tag, inputs):
@@ -97,8 +112,20 @@ def cpu_base(client, matrix, log, tag: str | None = None, nocache: bool = False)
         shutil.copy(CPU_BASE_DIR / "Dockerfile", Path(ctx) / "Dockerfile")
         with open(Path(ctx) / "Dockerfile", "a") as f:
             f.write(f"LABEL {INPUTS_LABEL}={inputs}\n")
-        build(client, BuildSpec(dockerfile="Dockerfile", tag=tag, context=Path(ctx), nocache=nocache,
-                                buildargs={"ROOTFS_IMAGE": base, "WHEELHOUSE_URL": url,
-                                           "VLLM_VERSION": matrix.project.vllm_version,
-                                           "UV_VERSION": uv.split("==")[1]}), log)
+        build(
+            client,
+            BuildSpec(
+                dockerfile="Dockerfile",
+                tag=tag,
+                context=Path(ctx),
+                nocache=nocache,
+                buildargs={
+                    "ROOTFS_IMAGE": base,
+                    "WHEELHOUSE_URL": url,
+                    "VLLM_VERSION": matrix.project.vllm_version,
+                    "UV_VERSION": uv.split("==")[1],
+                },
+            ),
+            log,
+        )
     return tag

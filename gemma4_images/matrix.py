@@ -1,4 +1,5 @@
 """Load and validate targets.yaml, the one table every other module reads."""
+
 from __future__ import annotations
 
 import json
@@ -63,6 +64,7 @@ class Image(Strict):
     @classmethod
     def _digest_form(cls, v):
         import re
+
         if v is not None and not re.match(SHA256_DIGEST, v):
             raise ValueError("must look like sha256:<64 hex digits> (or be null)")
         return v
@@ -110,6 +112,7 @@ class Guards(Strict):
 
 class Smoke(Strict):
     """How `build.py smoke` runs this target, beyond its recipe launch."""
+
     env: dict[str, str] = {}
     args: list[str] = []
     shm_size: str | None = None
@@ -169,30 +172,39 @@ class Matrix(Strict):
         names = set(self.targets)
         for name, t in self.targets.items():
             if t.family not in self.families:
-                raise ValueError(f"targets.{name}.family: unknown family {t.family!r}; "
-                                 f"known: {', '.join(self.families)}")
+                raise ValueError(
+                    f"targets.{name}.family: unknown family {t.family!r}; known: {', '.join(self.families)}"
+                )
             for alias in t.aliases:
                 if alias in names:
                     raise ValueError(f"targets.{name}.aliases: {alias!r} is already a target name")
                 if alias in RESERVED_NAMES:
-                    raise ValueError(f"targets.{name}.aliases: {alias!r} is reserved (`build.py build {alias}` "
-                                     "means every target); choose another alias")
+                    raise ValueError(
+                        f"targets.{name}.aliases: {alias!r} is reserved (`build.py build {alias}` "
+                        "means every target); choose another alias"
+                    )
                 names.add(alias)
         for name, t in self.targets.items():
             if t.fixes:
                 profile = load_profile(t.fixes.profile)
                 if profile is None:
-                    raise ValueError(f"targets.{name}.fixes.profile: no profile {t.fixes.profile!r} in "
-                                     f"patches/profiles/; known: {', '.join(p.stem for p in PROFILES.glob('*.json'))}")
+                    raise ValueError(
+                        f"targets.{name}.fixes.profile: no profile {t.fixes.profile!r} in "
+                        f"patches/profiles/; known: {', '.join(p.stem for p in PROFILES.glob('*.json'))}"
+                    )
                 unknown = [f for f in t.fixes.opt_in if f not in profile["opt_in"]]
                 if unknown:
-                    raise ValueError(f"targets.{name}.fixes.opt_in: {', '.join(unknown)} not opt-in fixes of "
-                                     f"{t.fixes.profile}; those are {', '.join(profile['opt_in'])}")
+                    raise ValueError(
+                        f"targets.{name}.fixes.opt_in: {', '.join(unknown)} not opt-in fixes of "
+                        f"{t.fixes.profile}; those are {', '.join(profile['opt_in'])}"
+                    )
         for fam in self.families:
             envs = {tuple(sorted(t.env.items())) for t in self.targets.values() if t.family == fam}
             if len(envs) > 1:
-                raise ValueError(f"families.{fam}: its targets set different env; env is rendered "
-                                 "into Dockerfile." + fam + ", so it must be the same for the family")
+                raise ValueError(
+                    f"families.{fam}: its targets set different env; env is rendered "
+                    "into Dockerfile." + fam + ", so it must be the same for the family"
+                )
         return self
 
     # -- lookups -----------------------------------------------------------------------------
@@ -217,11 +229,16 @@ class Matrix(Strict):
         """What the image's entrypoint needs to build the launch: baked as /etc/gemma4-e2b/recipe.json."""
         name = self.resolve(name)
         t = self.targets[name]
-        features = {f: t.serve.features.get(f, flags) for f, flags in self.features.items()
-                    if f not in t.serve.unsupported_features}
-        variants = {v: {"model": var.model, "note": var.note}
-                    for v, var in self.variants.items()
-                    if var.families is None or t.family in var.families}
+        features = {
+            f: t.serve.features.get(f, flags)
+            for f, flags in self.features.items()
+            if f not in t.serve.unsupported_features
+        }
+        variants = {
+            v: {"model": var.model, "note": var.note}
+            for v, var in self.variants.items()
+            if var.families is None or t.family in var.families
+        }
         return {
             "target": name,
             "family": t.family,
@@ -239,8 +256,9 @@ class Matrix(Strict):
             "audio": t.audio,
             # What the self-check holds the base to, and the bases to name when it does not fit.
             "cuda": t.base.cuda,
-            "cuda_bases": {o.base.cuda: o.base.image for o in self.targets.values()
-                           if o.family == t.family and o.base.cuda},
+            "cuda_bases": {
+                o.base.cuda: o.base.image for o in self.targets.values() if o.family == t.family and o.base.cuda
+            },
             "variants": variants,
             "guards": t.guards.model_dump(),
             "notes": t.notes,
@@ -302,9 +320,11 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 if not isinstance(key, (str, int, float, bool, type(None))):
                     continue  # the constructor below refuses unhashable keys itself
                 if key in seen:
-                    raise MatrixError(f"{self.name}: key {key!r} is given twice in one mapping (lines "
-                                      f"{seen[key]} and {line}); the second would silently replace the "
-                                      "first: remove or rename one")
+                    raise MatrixError(
+                        f"{self.name}: key {key!r} is given twice in one mapping (lines "
+                        f"{seen[key]} and {line}); the second would silently replace the "
+                        "first: remove or rename one"
+                    )
                 seen[key] = line
         return super().construct_mapping(node, deep=deep)
 
@@ -319,8 +339,10 @@ def load(path: Path = TARGETS_FILE) -> Matrix:
     except yaml.YAMLError as e:
         raise MatrixError(f"{path} is not valid YAML: {e}") from None
     if raw is None:
-        raise MatrixError(f"{path} is empty: it must define project, features, variants, upstream_files, "
-                          "families and targets (see the committed targets.yaml)")
+        raise MatrixError(
+            f"{path} is empty: it must define project, features, variants, upstream_files, "
+            "families and targets (see the committed targets.yaml)"
+        )
     if not isinstance(raw, dict):
         raise MatrixError(f"{path}: expected a mapping at the top level")
     try:
@@ -329,7 +351,10 @@ def load(path: Path = TARGETS_FILE) -> Matrix:
         lines = []
         for err in e.errors():
             where = _location(err["loc"]) or "(top level)"
-            msg = "unknown key (not in the schema; check its spelling)" if err["type"] == "extra_forbidden" \
+            msg = (
+                "unknown key (not in the schema; check its spelling)"
+                if err["type"] == "extra_forbidden"
                 else err["msg"]
+            )
             lines.append(f"  {where}: {msg}")
         raise MatrixError(f"{path} is invalid:\n" + "\n".join(lines)) from None

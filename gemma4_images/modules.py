@@ -1,5 +1,6 @@
 """Load a Python file that is not part of a package (the image's entrypoint, the pack's tools)
 as a module, so the host runs exactly the code the images and the recipe run."""
+
 import importlib.util
 import sys
 from pathlib import Path

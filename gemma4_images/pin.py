@@ -3,6 +3,7 @@
 
 targets.yaml is edited as text, one `digest:` line per image, so its comments, anchors and layout
 stay as they are; the edited file is loaded again and must give exactly the new digests."""
+
 from __future__ import annotations
 
 import re
@@ -20,9 +21,9 @@ class PinError(Exception):
 
 @dataclass
 class Base:
-    image: str              # the tag as targets.yaml writes it
-    recorded: str | None    # the digest targets.yaml holds for it
-    targets: list[str]      # whose base (or Gaudi stage 1) it is
+    image: str  # the tag as targets.yaml writes it
+    recorded: str | None  # the digest targets.yaml holds for it
+    targets: list[str]  # whose base (or Gaudi stage 1) it is
 
 
 @dataclass
@@ -43,11 +44,13 @@ class Result:
 
     def line(self) -> str:
         b = self.base
-        text = {"ok": f"pinned at {b.recorded}",
-                "moved": f"targets.yaml has {b.recorded}, the registry now has {self.digest}",
-                "unpinned": f"not pinned; the registry has {self.digest}",
-                "missing": "the registry has no such tag",
-                "error": f"cannot resolve: {self.error}"}[self.state]
+        text = {
+            "ok": f"pinned at {b.recorded}",
+            "moved": f"targets.yaml has {b.recorded}, the registry now has {self.digest}",
+            "unpinned": f"not pinned; the registry has {self.digest}",
+            "missing": "the registry has no such tag",
+            "error": f"cannot resolve: {self.error}",
+        }[self.state]
         return f"{self.state.upper():<9} {b.image} ({', '.join(b.targets)}): {text}"
 
 
@@ -82,7 +85,11 @@ def write(path: Path, digests: dict[str, str], today: str | None = None) -> list
     for image, digest in digests.items():
         host = registry.api_host(registry.split_reference(image)[0])
         comment = f"  # pinned by `build.py pin` from {host} on {today}"
-        hits = [i for i, line in enumerate(lines) if re.fullmatch(rf"\s*image:\s*{re.escape(image)}\s*(#.*)?", line.rstrip("\n"))]
+        hits = [
+            i
+            for i, line in enumerate(lines)
+            if re.fullmatch(rf"\s*image:\s*{re.escape(image)}\s*(#.*)?", line.rstrip("\n"))
+        ]
         if not hits:
             raise PinError(f"{path}: no `image: {image}` line to pin")
         for i in reversed(hits):
@@ -102,10 +109,13 @@ def write(path: Path, digests: dict[str, str], today: str | None = None) -> list
     try:
         loaded = matrix_mod.load(tmp)
         for image, digest in digests.items():
-            got = {img.digest for t in loaded.targets.values() for img in (t.base, t.stage1) if img and img.image == image}
+            got = {
+                img.digest for t in loaded.targets.values() for img in (t.base, t.stage1) if img and img.image == image
+            }
             if got != {digest}:
-                raise PinError(f"{path}: pinning {image} would give digests {sorted(map(str, got))}; "
-                               "edit its digest lines by hand")
+                raise PinError(
+                    f"{path}: pinning {image} would give digests {sorted(map(str, got))}; edit its digest lines by hand"
+                )
         tmp.replace(path)
     finally:
         tmp.unlink(missing_ok=True)

@@ -1,5 +1,6 @@
 """Push built images to a registry: gated on their smoke report, skipped when the registry already
 holds the same digest, every pushed digest recorded in reports/pushed.json for pipelines."""
+
 from __future__ import annotations
 
 import json
@@ -46,11 +47,14 @@ def short_revision(image, allow_dirty: bool) -> str:
     full = (image.labels or {}).get("org.opencontainers.image.revision") or facts.revision()
     sha, dirty = full.removesuffix("-dirty"), full.endswith("-dirty")
     if sha == "unknown" or not sha:
-        raise PushError("the image records no git revision, so it cannot get a -v<vllm>-<sha> tag; "
-                        "build it from a git checkout")
+        raise PushError(
+            "the image records no git revision, so it cannot get a -v<vllm>-<sha> tag; build it from a git checkout"
+        )
     if dirty and not allow_dirty:
-        raise PushError(f"the image was built from uncommitted changes (revision {sha[:SHORT_SHA]}-dirty); "
-                        "commit and rebuild, or pass --allow-dirty to push it tagged …-dirty")
+        raise PushError(
+            f"the image was built from uncommitted changes (revision {sha[:SHORT_SHA]}-dirty); "
+            "commit and rebuild, or pass --allow-dirty to push it tagged …-dirty"
+        )
     return sha[:SHORT_SHA] + ("-dirty" if dirty else "")
 
 
@@ -60,6 +64,7 @@ def tags_for(matrix: Matrix, name: str, revision: str, moving_tag: bool) -> list
 
 
 # -- the smoke gate ------------------------------------------------------------------------------
+
 
 def smoke_refusal(client, name: str, image, reports_dir: Path) -> str | None:
     """Why image may not be pushed for target name, or None when its smoke report clears it."""
@@ -79,8 +84,10 @@ def smoke_refusal(client, name: str, image, reports_dir: Path) -> str | None:
     # The report names the image it tested; it clears this image only if that is the same image id.
     tested = report.get("image_id") or getattr(local_image(client, report.get("image") or ""), "id", None)
     if tested != image.id:
-        return (f"{path} tested {report.get('image')} ({(tested or 'no longer here')[:19]}), not this image "
-                f"({image.id[:19]}); {run} on the image you push")
+        return (
+            f"{path} tested {report.get('image')} ({(tested or 'no longer here')[:19]}), not this image "
+            f"({image.id[:19]}); {run} on the image you push"
+        )
     # An image rebuilt under the same tag after its smoke test has the tag but not the test.
     built = image.attrs.get("Created", "")[:19]
     written = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(path.stat().st_mtime))
@@ -90,6 +97,7 @@ def smoke_refusal(client, name: str, image, reports_dir: Path) -> str | None:
 
 
 # -- the registry ------------------------------------------------------------------------------
+
 
 def check_registry(host: str) -> None:
     try:
@@ -111,6 +119,7 @@ def remote_digest(host: str, name: str, tag: str) -> str | None:
 
 # -- pushing -------------------------------------------------------------------------------------
 
+
 def _push_stream(client, repo: str, tag: str) -> str:
     """docker push; errors come inside the stream, not as exceptions. Returns the pushed digest."""
     digest = None
@@ -119,8 +128,10 @@ def _push_stream(client, repo: str, tag: str) -> str:
             message = ANSI.sub("", chunk["error"]).strip().splitlines()[0]
             if re.search(r"no basic auth credentials|unauthorized|authentication required|denied", message, re.I):
                 host = repo.split("/", 1)[0]
-                message += (f": the registry wants a login; run `docker login {host}` (build.py sends what "
-                            f"that stored in {registry_api.docker_config_path()}, or in the credsStore it names)")
+                message += (
+                    f": the registry wants a login; run `docker login {host}` (build.py sends what "
+                    f"that stored in {registry_api.docker_config_path()}, or in the credsStore it names)"
+                )
             raise PushError(f"pushing {repo}:{tag} failed: {message}")
         digest = (chunk.get("aux") or {}).get("Digest") or digest
     if digest is None:
@@ -135,9 +146,19 @@ def _repo_digest(client, image_id: str, repo: str) -> str | None:
     return None
 
 
-def push(client, matrix: Matrix, targets: list[str], registry: str, *, moving_tag: bool = False,
-         skip_smoke: bool = False, allow_dirty: bool = False, sources: dict[str, str] | None = None,
-         reports_dir: Path = Path("reports"), log=print) -> list[dict]:
+def push(
+    client,
+    matrix: Matrix,
+    targets: list[str],
+    registry: str,
+    *,
+    moving_tag: bool = False,
+    skip_smoke: bool = False,
+    allow_dirty: bool = False,
+    sources: dict[str, str] | None = None,
+    reports_dir: Path = Path("reports"),
+    log=print,
+) -> list[dict]:
     """Tag and push each target's image; returns (and records in reports_dir/pushed.json) one
     entry per target: target, repository, tags, digest, image id, and which tags were pushed or
     already there. sources maps a target to the local image to push (default: its tag)."""
@@ -177,8 +198,16 @@ def push(client, matrix: Matrix, targets: list[str], registry: str, *, moving_ta
 
 def _push_target(client, name, source, image, repo, tags, log, created: list[str]) -> dict:
     host, path = repo.split("/", 1)
-    entry = {"target": name, "image": source, "image_id": image.id, "repository": repo,
-             "tags": tags, "digest": None, "pushed": [], "already_present": []}
+    entry = {
+        "target": name,
+        "image": source,
+        "image_id": image.id,
+        "repository": repo,
+        "tags": tags,
+        "digest": None,
+        "pushed": [],
+        "already_present": [],
+    }
     for tag in tags:
         if f"{repo}:{tag}" not in (client.images.get(image.id).tags or []):
             created.append(f"{repo}:{tag}")

@@ -1,5 +1,6 @@
 """The registry's HTTP API (distribution API v2), as `pin` and `push` need it: split an image
 reference, find the registry's digest for a tag, authenticate the way registries ask to."""
+
 from __future__ import annotations
 
 import base64
@@ -14,12 +15,14 @@ from pathlib import Path
 
 # What a HEAD on a tag may answer with: the daemon pushes Docker v2 manifests, other tools OCI;
 # multi-platform tags are indexes (their digest is what `docker pull` records for the tag).
-MANIFEST_TYPES = ", ".join([
-    "application/vnd.oci.image.index.v1+json",
-    "application/vnd.docker.distribution.manifest.list.v2+json",
-    "application/vnd.oci.image.manifest.v1+json",
-    "application/vnd.docker.distribution.manifest.v2+json",
-])
+MANIFEST_TYPES = ", ".join(
+    [
+        "application/vnd.oci.image.index.v1+json",
+        "application/vnd.docker.distribution.manifest.list.v2+json",
+        "application/vnd.oci.image.manifest.v1+json",
+        "application/vnd.docker.distribution.manifest.v2+json",
+    ]
+)
 DOCKER_HUB = "docker.io"
 DOCKER_HUB_API = "registry-1.docker.io"
 DOCKER_HUB_AUTH_KEY = "https://index.docker.io/v1/"  # the key `docker login` writes for Docker Hub
@@ -28,12 +31,16 @@ DOCKER_HUB_AUTH_KEY = "https://index.docker.io/v1/"  # the key `docker login` wr
 # The distribution project's reference grammar (github.com/distribution/reference, reference.go),
 # with Docker's reading of the first part as a host only when it has a "." or ":" or is localhost.
 _COMPONENT = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*")
-_HOST = re.compile(r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*"
-                   r"|\[[0-9a-fA-F:]+\])(?::[0-9]+)?")
+_HOST = re.compile(
+    r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*"
+    r"|\[[0-9a-fA-F:]+\])(?::[0-9]+)?"
+)
 _TAG = re.compile(r"[\w][\w.-]{0,127}")
 _DIGEST = re.compile(r"[a-z0-9]+(?:[+._-][a-z0-9]+)*:[0-9a-fA-F]{32,}")
-REFERENCE_RULE = ("[HOST[:PORT]/]NAME[:TAG][@sha256:DIGEST], the name in lowercase letters, digits and "
-                  "the separators . _ __ -, a tag of at most 128 letters, digits, _ . -")
+REFERENCE_RULE = (
+    "[HOST[:PORT]/]NAME[:TAG][@sha256:DIGEST], the name in lowercase letters, digits and "
+    "the separators . _ __ -, a tag of at most 128 letters, digits, _ . -"
+)
 
 
 class BadReference(ValueError):
@@ -47,8 +54,11 @@ def _is_host(part: str) -> bool:
 def _valid_path(parts: list[str]) -> bool:
     host = parts[0] if len(parts) > 1 and _is_host(parts[0]) else None
     path = parts[1:] if host else parts
-    return (host is None or _HOST.fullmatch(host) is not None) and bool(path) \
+    return (
+        (host is None or _HOST.fullmatch(host) is not None)
+        and bool(path)
         and all(_COMPONENT.fullmatch(p) for p in path)
+    )
 
 
 def check_reference(ref: str, what: str) -> str:
@@ -56,8 +66,12 @@ def check_reference(ref: str, what: str) -> str:
     name, at, digest = (ref or "").partition("@")
     last = name.rsplit("/", 1)[-1]
     name, colon, tag = name.rpartition(":") if ":" in last else (name, "", "")
-    ok = (_valid_path(name.split("/")) and len(name) <= 255 and (not colon or _TAG.fullmatch(tag))
-          and (not at or _DIGEST.fullmatch(digest)))
+    ok = (
+        _valid_path(name.split("/"))
+        and len(name) <= 255
+        and (not colon or _TAG.fullmatch(tag))
+        and (not at or _DIGEST.fullmatch(digest))
+    )
     if not ok:
         raise BadReference(f"{what} {ref!r} is not a valid image reference: expected {REFERENCE_RULE}")
     return ref
@@ -67,9 +81,11 @@ def check_registry_spec(spec: str, what: str = "--registry") -> str:
     """'HOST[:PORT][/NAMESPACE]' as push takes it, or BadReference."""
     parts = spec.strip().rstrip("/").split("/")
     if not (_is_host(parts[0]) and _HOST.fullmatch(parts[0]) and all(_COMPONENT.fullmatch(p) for p in parts[1:])):
-        raise BadReference(f"{what} {spec!r} is not a valid registry: expected HOST[:PORT][/NAMESPACE], the "
-                           "namespace in lowercase letters, digits and the separators . _ __ - "
-                           "(e.g. 127.0.0.1:5000/ml)")
+        raise BadReference(
+            f"{what} {spec!r} is not a valid registry: expected HOST[:PORT][/NAMESPACE], the "
+            "namespace in lowercase letters, digits and the separators . _ __ - "
+            "(e.g. 127.0.0.1:5000/ml)"
+        )
     return spec
 
 
@@ -169,8 +185,7 @@ def _request(host: str, path: str, method: str, scope: str, timeout: float):
     headers = {"Accept": MANIFEST_TYPES}
     for attempt in range(2):
         try:
-            return urllib.request.urlopen(urllib.request.Request(url, method=method, headers=headers),
-                                          timeout=timeout)
+            return urllib.request.urlopen(urllib.request.Request(url, method=method, headers=headers), timeout=timeout)
         except urllib.error.HTTPError as e:
             challenge = e.headers.get("WWW-Authenticate")
             if e.code != 401 or attempt or not challenge:
@@ -191,8 +206,9 @@ def check(host: str, timeout: float = 10) -> None:
     except urllib.error.HTTPError as e:
         if e.code == 401:
             return
-        raise RegistryUnavailable(f"{host}: {url} answered {e.code} {e.reason} — is it a "
-                                  "Docker registry (distribution API v2)?") from None
+        raise RegistryUnavailable(
+            f"{host}: {url} answered {e.code} {e.reason} — is it a Docker registry (distribution API v2)?"
+        ) from None
     except (urllib.error.URLError, OSError) as e:
         raise RegistryUnavailable(f"{host}: {reason(e)} — is the registry running?") from None
 
@@ -200,15 +216,15 @@ def check(host: str, timeout: float = 10) -> None:
 def manifest_digest(host: str, repository: str, tag: str, timeout: float = 20) -> str | None:
     """The digest the registry holds for repository:tag; None when it holds no such tag."""
     try:
-        with _request(host, f"/v2/{repository}/manifests/{tag}", "HEAD",
-                      f"repository:{repository}:pull", timeout) as r:
+        with _request(host, f"/v2/{repository}/manifests/{tag}", "HEAD", f"repository:{repository}:pull", timeout) as r:
             digest = r.headers.get("Docker-Content-Digest")
     except urllib.error.HTTPError as e:
         if e.code == 404:
             return None
-        raise RegistryError(f"{host}/{repository}:{tag}: the registry answered {e.code} {e.reason}"
-                            + (" (log in with `docker login " + host + "`)" if e.code in (401, 403) else "")
-                            ) from None
+        raise RegistryError(
+            f"{host}/{repository}:{tag}: the registry answered {e.code} {e.reason}"
+            + (" (log in with `docker login " + host + "`)" if e.code in (401, 403) else "")
+        ) from None
     except (urllib.error.URLError, OSError) as e:
         raise RegistryUnavailable(f"{api_host(host)}: {reason(e)} — is the registry reachable?") from None
     if not digest:

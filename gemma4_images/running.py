@@ -1,4 +1,5 @@
 """`docker run` lines per target, and reading what an image says about itself."""
+
 from __future__ import annotations
 
 import json
@@ -10,8 +11,13 @@ from .matrix import Matrix
 HF_CACHE = "/root/.cache/huggingface"
 
 
-def run_args(matrix: Matrix, name: str, image: str | None = None, env: dict[str, str] | None = None,
-             extra: list[str] | None = None) -> list[str]:
+def run_args(
+    matrix: Matrix,
+    name: str,
+    image: str | None = None,
+    env: dict[str, str] | None = None,
+    extra: list[str] | None = None,
+) -> list[str]:
     """The recipe's `docker run` for a target: its device flags, the HF cache, then the image."""
     target = matrix.targets[matrix.resolve(name)]
     args = ["docker", "run", "--rm", *target.run_flags, "-v", f"$HOME/.cache/huggingface:{HF_CACHE}"]
@@ -42,8 +48,10 @@ def describe(image) -> dict:
 
 def python_of(client, image: str) -> dict:
     """The base's Python as pip needs it to choose wheels: version, machine and glibc."""
-    script = ("import json, platform, sys; print(json.dumps({'python': '%d.%d' % sys.version_info[:2], "
-              "'machine': platform.machine(), 'glibc': platform.libc_ver()[1]}))")
+    script = (
+        "import json, platform, sys; print(json.dumps({'python': '%d.%d' % sys.version_info[:2], "
+        "'machine': platform.machine(), 'glibc': platform.libc_ver()[1]}))"
+    )
     out = client.containers.run(image, ["-c", script], entrypoint=["python3"], remove=True, network_mode="host")
     return json.loads(out.decode().strip().splitlines()[-1])
 

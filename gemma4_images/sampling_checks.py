@@ -3,6 +3,7 @@
 concurrent batch mixing them with plain and structured-output requests. Each derives what to
 expect from the server's own greedy answers, so it holds for the tiny trained model on CPU and for
 Gemma 4 E2B on real hardware alike."""
+
 from __future__ import annotations
 
 import json
@@ -25,19 +26,30 @@ class Skipped(Exception):
 class SamplingChecks:
     """Mixed into smoke.Checks: uses its post(), model and expect-style failures."""
 
-    exact: bool = False        # the tiny trained model: outputs compared whole, else their start
+    exact: bool = False  # the tiny trained model: outputs compared whole, else their start
 
     def _completion(self, prompt: str = PROBE, **params) -> dict:
         # ignore_eos: the unscripted probe runs its whole length, past where a model would stop.
-        body = {"model": self.model, "prompt": prompt, "max_tokens": 16, "temperature": 0,
-                "ignore_eos": prompt == PROBE, **params}
+        body = {
+            "model": self.model,
+            "prompt": prompt,
+            "max_tokens": 16,
+            "temperature": 0,
+            "ignore_eos": prompt == PROBE,
+            **params,
+        }
         status, answer = self.post("/v1/completions", body)
         self.expect(status == 200, f"200 for {json.dumps(params)[:120]}", f"{status} {answer}")
         return answer["choices"][0]
 
     def _chat_answer(self, **params) -> dict:
-        body = {"model": self.model, "messages": [{"role": "user", "content": SCRIPTED_QUESTION}],
-                "max_tokens": 24, "temperature": 0, **params}
+        body = {
+            "model": self.model,
+            "messages": [{"role": "user", "content": SCRIPTED_QUESTION}],
+            "max_tokens": 24,
+            "temperature": 0,
+            **params,
+        }
         status, answer = self.post("/v1/chat/completions", body)
         self.expect(status == 200, f"200 for {json.dumps(params)[:120]}", f"{status} {answer}")
         return answer
@@ -49,10 +61,10 @@ class SamplingChecks:
 
     def logit_bias(self):
         first = self._ids(self._completion(max_tokens=1, logprobs=1, return_tokens_as_token_ids=True))[0]
-        biased = self._ids(self._completion(max_tokens=1, logprobs=1, return_tokens_as_token_ids=True,
-                                            logit_bias={str(first): -100}))[0]
-        self.expect(biased != first, f"logit_bias {{{first}: -100}} to change the greedy first token {first}",
-                    biased)
+        biased = self._ids(
+            self._completion(max_tokens=1, logprobs=1, return_tokens_as_token_ids=True, logit_bias={str(first): -100})
+        )[0]
+        self.expect(biased != first, f"logit_bias {{{first}: -100}} to change the greedy first token {first}", biased)
         return f"first token {first} -> {biased}"
 
     def bad_words(self):
@@ -61,8 +73,11 @@ class SamplingChecks:
         if not words:
             raise Skipped(f"the greedy answer {text!r} has no word to ban")
         banned = self._completion(bad_words=[words[0]])["text"]
-        self.expect(re.findall(r"\w+", banned)[:1] != words[:1],
-                    f"bad_words [{words[0]!r}] to remove it from the start of {text!r}", banned)
+        self.expect(
+            re.findall(r"\w+", banned)[:1] != words[:1],
+            f"bad_words [{words[0]!r}] to remove it from the start of {text!r}",
+            banned,
+        )
         self.good_request_still_works()
         return f"{words[0]!r} banned: {banned[:30]!r}"
 
@@ -82,8 +97,11 @@ class SamplingChecks:
         if hot == greedy:
             raise Skipped("sampling at temperature 2 gives the greedy text too: min_p cannot be told apart")
         kept = self._completion(temperature=2.0, seed=7, min_p=1.0)["text"]
-        self.expect(kept == greedy, "min_p 1.0 at temperature 2 to keep only the top token (the greedy text)",
-                    f"{kept!r} (greedy {greedy!r})")
+        self.expect(
+            kept == greedy,
+            "min_p 1.0 at temperature 2 to keep only the top token (the greedy text)",
+            f"{kept!r} (greedy {greedy!r})",
+        )
         return "min_p 1.0 gives the greedy text; without it the same seed does not"
 
     def top_logprobs(self):
@@ -94,13 +112,19 @@ class SamplingChecks:
             # corrupted id carrying the top value is exactly what the int64-concat bug returns).
             mine = top.get(f"token_id:{token}")
             rivals = {t: lp for t, lp in top.items() if t != f"token_id:{token}" and mine is not None and lp >= mine}
-            self.expect(mine is not None and not rivals, f"the sampled token {token} to be the only rank-1 entry "
-                        f"of top_logprobs at position {i} (greedy)", top)
+            self.expect(
+                mine is not None and not rivals,
+                f"the sampled token {token} to be the only rank-1 entry of top_logprobs at position {i} (greedy)",
+                top,
+            )
         if choice["finish_reason"] == "stop":
-            ids = ids[:-1]      # the stop token has a logprob but no text in the answer
+            ids = ids[:-1]  # the stop token has a logprob but no text in the answer
         status, decoded = self.post("/detokenize", {"model": self.model, "tokens": ids})
-        self.expect(status == 200 and decoded.get("prompt") == choice["text"],
-                    f"the sampled ids to decode to the answer {choice['text']!r}", f"{status} {decoded}")
+        self.expect(
+            status == 200 and decoded.get("prompt") == choice["text"],
+            f"the sampled ids to decode to the answer {choice['text']!r}",
+            f"{status} {decoded}",
+        )
         return f"{len(ids)} positions"
 
     def seed(self):
@@ -113,8 +137,9 @@ class SamplingChecks:
     def mixed_batch(self):
         """Each request of a concurrent mix gets what it gets alone: sampling rows, grammar masks
         and logits processors stay with their own request."""
-        first = self._ids(self._completion(SCRIPTED_QUESTION, max_tokens=1, logprobs=1,
-                                           return_tokens_as_token_ids=True))[0]
+        first = self._ids(
+            self._completion(SCRIPTED_QUESTION, max_tokens=1, logprobs=1, return_tokens_as_token_ids=True)
+        )[0]
         requests = {
             "plain": {},
             "logit_bias": {"logit_bias": {str(first): -100}},
@@ -137,16 +162,21 @@ class SamplingChecks:
                 together[name] = answer(params)
             except AssertionError as e:
                 errors.append(f"{name}: {e}")
+
         threads = [threading.Thread(target=run, args=item) for item in requests.items()]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
         self.expect(not errors, "every request of the batch to succeed", errors)
-        width = None if self.exact else 40     # real weights: the recipe's first-40-characters check
-        differ = {n: (alone[n], together.get(n)) for n in requests
-                  if alone[n][:width] != (together.get(n) or "")[:width]}
+        width = None if self.exact else 40  # real weights: the recipe's first-40-characters check
+        differ = {
+            n: (alone[n], together.get(n)) for n in requests if alone[n][:width] != (together.get(n) or "")[:width]
+        }
         self.expect(not differ, "each request of the concurrent batch to get what it got alone", differ)
-        self.expect(alone["structured"] in CHOICE["choice"], f"the structured request to answer one of "
-                    f"{CHOICE['choice']}", alone["structured"])
+        self.expect(
+            alone["structured"] in CHOICE["choice"],
+            f"the structured request to answer one of {CHOICE['choice']}",
+            alone["structured"],
+        )
         return f"{len(requests)} requests, each as alone"

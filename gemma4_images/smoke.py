@@ -1,5 +1,6 @@
 """Smoke tests: start a built image with testcontainers, wait for it, and check that it serves
 the way the recipe promises. Used by `build.py smoke` and by the test suite."""
+
 from __future__ import annotations
 
 import base64
@@ -28,9 +29,14 @@ from .matrix import Matrix  # noqa: E402
 from .sampling_checks import SamplingChecks, Skipped  # noqa: E402
 
 MODEL_MOUNT = "/models"
-TOOL = {"type": "function", "function": {
-    "name": "get_weather", "description": "Weather for a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 
 
 class LoopbackContainer(DockerContainer):
@@ -51,7 +57,7 @@ class LoopbackContainer(DockerContainer):
 @dataclass
 class Check:
     name: str
-    status: str = "pass"         # pass | fail | skip
+    status: str = "pass"  # pass | fail | skip
     detail: str = ""
     seconds: float = 0.0
 
@@ -61,11 +67,11 @@ class Report:
     target: str
     image: str
     model: str
-    image_id: str = ""           # what `build.py push` matches: a tag can move after the test
+    image_id: str = ""  # what `build.py push` matches: a tag can move after the test
     checks: list[Check] = field(default_factory=list)
     seconds_to_healthy: float | None = None
     log_tail: list[str] = field(default_factory=list)
-    answers: list = field(default_factory=list)      # (exchange, question, answer) of the scripted ones
+    answers: list = field(default_factory=list)  # (exchange, question, answer) of the scripted ones
 
     @property
     def ok(self) -> bool:
@@ -86,6 +92,7 @@ class CheckFailed(AssertionError):
 
 
 # -- plumbing ------------------------------------------------------------------------------------
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -128,13 +135,30 @@ def device_missing(client, accelerator: str) -> str | None:
 def run_kwargs(run_flags: list[str]) -> dict:
     """targets.yaml's `docker run` device flags as Docker SDK keyword arguments."""
     from docker.types import DeviceRequest
+
     kw: dict = {"environment": {}}
     flags = list(run_flags)
     while flags:
         flag = flags.pop(0)
         key, _, value = flag.partition("=")
-        if key in ("-e", "-v", "-p", "--gpus", "--cap-add", "--shm-size", "--network", "--device",
-                   "--group-add", "--security-opt", "--runtime", "--ipc") and not value:
+        if (
+            key
+            in (
+                "-e",
+                "-v",
+                "-p",
+                "--gpus",
+                "--cap-add",
+                "--shm-size",
+                "--network",
+                "--device",
+                "--group-add",
+                "--security-opt",
+                "--runtime",
+                "--ipc",
+            )
+            and not value
+        ):
             value = flags.pop(0)
         if key == "--privileged":
             kw["privileged"] = True
@@ -166,6 +190,7 @@ def run_kwargs(run_flags: list[str]) -> dict:
 
 # -- the checks ----------------------------------------------------------------------------------
 
+
 class Checks(SamplingChecks):
     """Each method is one check; it raises CheckFailed with what was expected and what came back.
     With script (the tiny trained model's exchanges) the answers must be the scripted ones exactly;
@@ -179,7 +204,7 @@ class Checks(SamplingChecks):
         self.limits = gemma4_serve.mm_limits(list(launch))
         self.script = {ex.name: ex for ex in script or []}
         self.exact = bool(script)
-        self.answers: list[tuple[str, str, str]] = []   # (exchange, question, answer), as they came back
+        self.answers: list[tuple[str, str, str]] = []  # (exchange, question, answer), as they came back
 
     def scripted(self, name: str) -> str:
         """Send exchange `name` of the script; it must come back exactly as scripted."""
@@ -196,8 +221,13 @@ class Checks(SamplingChecks):
         return http("POST", self.url + path, body, raw)
 
     def chat_body(self, **extra):
-        return {"model": self.model, "messages": [{"role": "user", "content": "Say hello."}],
-                "max_tokens": 8, "ignore_eos": True, **extra}
+        return {
+            "model": self.model,
+            "messages": [{"role": "user", "content": "Say hello."}],
+            "max_tokens": 8,
+            "ignore_eos": True,
+            **extra,
+        }
 
     def good_request_still_works(self):
         status, body = self.post("/v1/chat/completions", self.chat_body())
@@ -211,8 +241,10 @@ class Checks(SamplingChecks):
     def chat(self):
         if self.exact:
             body = self.scripted("chat")
-            return f"{self.script['chat'].request['messages'][0]['content']!r} -> " \
-                   f"{body['choices'][0]['message']['content']!r}"
+            return (
+                f"{self.script['chat'].request['messages'][0]['content']!r} -> "
+                f"{body['choices'][0]['message']['content']!r}"
+            )
         status, body = self.post("/v1/chat/completions", self.chat_body())
         expect(status == 200, "200", f"{status} {body}")
         message = body["choices"][0]["message"]
@@ -223,29 +255,41 @@ class Checks(SamplingChecks):
 
     def chat_stream(self):
         """Streamed deltas join to exactly the non-streamed answer (greedy)."""
-        body = self.script["chat"].body(self.model) if self.exact else \
-            {**self.chat_body(), "ignore_eos": False, "temperature": 0}
+        body = (
+            self.script["chat"].body(self.model)
+            if self.exact
+            else {**self.chat_body(), "ignore_eos": False, "temperature": 0}
+        )
         status, whole = self.post("/v1/chat/completions", body)
         expect(status == 200, "200", f"{status} {whole}")
-        req = urllib.request.Request(self.url + "/v1/chat/completions", method="POST",
-                                     data=json.dumps({**body, "stream": True}).encode(),
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            self.url + "/v1/chat/completions",
+            method="POST",
+            data=json.dumps({**body, "stream": True}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(req, timeout=120) as r:
             events = [line[6:] for line in r.read().decode().splitlines() if line.startswith("data: ")]
         expect(len(events) >= 3 and events[-1] == "[DONE]", "several SSE chunks ending in [DONE]", events[-3:])
-        joined = "".join(json.loads(e)["choices"][0]["delta"].get("content") or "" for e in events[:-1]
-                         if json.loads(e).get("choices"))
+        joined = "".join(
+            json.loads(e)["choices"][0]["delta"].get("content") or ""
+            for e in events[:-1]
+            if json.loads(e).get("choices")
+        )
         content = whole["choices"][0]["message"]["content"] or ""
-        expect(joined == content, "the streamed deltas to join to the non-streamed answer",
-               f"{joined!r} vs {content!r}")
+        expect(
+            joined == content, "the streamed deltas to join to the non-streamed answer", f"{joined!r} vs {content!r}"
+        )
         return f"{len(events) - 1} chunks join to {content[:30]!r}"
 
     def completion(self):
         if self.exact:
             body = self.scripted("completion")
             return f"{self.script['completion'].request['prompt']!r} -> {body['choices'][0]['text']!r}"
-        status, body = self.post("/v1/completions", {"model": self.model, "prompt": "The capital of France is",
-                                                     "max_tokens": 4, "ignore_eos": True})
+        status, body = self.post(
+            "/v1/completions",
+            {"model": self.model, "prompt": "The capital of France is", "max_tokens": 4, "ignore_eos": True},
+        )
         expect(status == 200 and body["choices"][0]["text"] != "", "200 with text", f"{status} {body}")
 
     def bos_counts(self, **request):
@@ -260,19 +304,33 @@ class Checks(SamplingChecks):
 
     def raw_prompt_bos(self):
         count, head = self.bos_counts(prompt="Hello world")
-        expect(count == 1 and head[0] == "<bos>",
-               "a raw prompt to start with exactly one <bos> (the baked BOS tokenizer)", head)
+        expect(
+            count == 1 and head[0] == "<bos>",
+            "a raw prompt to start with exactly one <bos> (the baked BOS tokenizer)",
+            head,
+        )
 
     def tools_forced(self):
         # A question no tool answers, so only the forcing (gemma4-required-tool-grammar) makes a call.
         for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
-            status, body = self.post("/v1/chat/completions", {
-                "model": self.model, "messages": [{"role": "user", "content": "What is the capital of France?"}],
-                "tools": [TOOL], "tool_choice": choice, "max_tokens": 64, "temperature": 0})
+            status, body = self.post(
+                "/v1/chat/completions",
+                {
+                    "model": self.model,
+                    "messages": [{"role": "user", "content": "What is the capital of France?"}],
+                    "tools": [TOOL],
+                    "tool_choice": choice,
+                    "max_tokens": 64,
+                    "temperature": 0,
+                },
+            )
             expect(status == 200, "200", f"{status} {body}")
             calls = body["choices"][0]["message"].get("tool_calls") or []
-            expect(calls and calls[0]["function"]["name"] == "get_weather",
-                   f"tool_calls to get_weather for tool_choice={json.dumps(choice)}", body["choices"][0]["message"])
+            expect(
+                calls and calls[0]["function"]["name"] == "get_weather",
+                f"tool_calls to get_weather for tool_choice={json.dumps(choice)}",
+                body["choices"][0]["message"],
+            )
             try:
                 json.loads(calls[0]["function"]["arguments"])
             except ValueError:
@@ -296,22 +354,35 @@ class Checks(SamplingChecks):
         return "220 Hz -> 'Low.', 2000 Hz -> 'High.'"
 
     def prompt_logprobs_rejected(self):
-        status, body = self.post("/v1/completions", {"model": self.model, "prompt": "Hello",
-                                                     "max_tokens": 2, "prompt_logprobs": 1})
-        expect(400 <= status < 500 and re.search(r"prompt[ _]logprobs", json.dumps(body)) is not None,
-               "a 4xx validation error naming prompt_logprobs", f"{status} {body}")
+        status, body = self.post(
+            "/v1/completions", {"model": self.model, "prompt": "Hello", "max_tokens": 2, "prompt_logprobs": 1}
+        )
+        expect(
+            400 <= status < 500 and re.search(r"prompt[ _]logprobs", json.dumps(body)) is not None,
+            "a 4xx validation error naming prompt_logprobs",
+            f"{status} {body}",
+        )
         self.good_request_still_works()
 
     def reasoning(self):
         if self.exact:
             message = self.scripted("thinking")["choices"][0]["message"]
             return f"reasoning {message.get('reasoning')!r}, content {message['content']!r}"
-        status, body = self.post("/v1/chat/completions", {
-            "model": self.model, "messages": [{"role": "user", "content": "What is 17 * 23? Think first."}],
-            "max_tokens": 512, "chat_template_kwargs": {"enable_thinking": True}})
+        status, body = self.post(
+            "/v1/chat/completions",
+            {
+                "model": self.model,
+                "messages": [{"role": "user", "content": "What is 17 * 23? Think first."}],
+                "max_tokens": 512,
+                "chat_template_kwargs": {"enable_thinking": True},
+            },
+        )
         message = body["choices"][0]["message"] if status == 200 else body
-        expect(status == 200 and (message.get("reasoning") or message.get("reasoning_content"))
-               and message.get("content"), "reasoning and content separated", message)
+        expect(
+            status == 200 and (message.get("reasoning") or message.get("reasoning_content")) and message.get("content"),
+            "reasoning and content separated",
+            message,
+        )
 
     def image_input(self):
         url = "data:image/png;base64," + base64.b64encode(gemma4_serve.test_png(32)).decode()
@@ -320,28 +391,40 @@ class Checks(SamplingChecks):
     def audio_input(self):
         # 44.1 kHz, so the server must also resample to Gemma 4's 16 kHz; both ways clients send it.
         wav = base64.b64encode(gemma4_serve.test_wav()).decode()
-        for part in ({"type": "input_audio", "input_audio": {"data": wav, "format": "wav"}},
-                     {"type": "audio_url", "audio_url": {"url": "data:audio/wav;base64," + wav}}):
+        for part in (
+            {"type": "input_audio", "input_audio": {"data": wav, "format": "wav"}},
+            {"type": "audio_url", "audio_url": {"url": "data:audio/wav;base64," + wav}},
+        ):
             detail = self._media("audio", [part])
         return detail
 
     def _media(self, modality: str, parts: list[dict]) -> str:
         """200 where the launch accepts the modality, a 4xx where it does not (never a 500)."""
-        status, body = self.post("/v1/chat/completions", {
-            "model": self.model, "max_tokens": 4,
-            "messages": [{"role": "user", "content": [*parts, {"type": "text", "text": "What is this?"}]}]})
+        status, body = self.post(
+            "/v1/chat/completions",
+            {
+                "model": self.model,
+                "max_tokens": 4,
+                "messages": [{"role": "user", "content": [*parts, {"type": "text", "text": "What is this?"}]}],
+            },
+        )
         if self.limits.get(modality, 1) != 0:
             expect(status == 200, f"200 for an {modality} request (the launch accepts {modality})", f"{status} {body}")
         else:
-            expect(400 <= status < 500, f"a 4xx for an {modality} request (the launch refuses {modality})",
-                   f"{status} {body}")
+            expect(
+                400 <= status < 500,
+                f"a 4xx for an {modality} request (the launch refuses {modality})",
+                f"{status} {body}",
+            )
         self.good_request_still_works()
         return f"{status} ({'accepted' if status == 200 else 'refused'} as the launch says)"
 
     def bad_requests(self):
-        cases = [("malformed JSON body", None, b"{not json"),
-                 ("unknown model", {**self.chat_body(), "model": "no-such-model"}, None),
-                 ("oversize max_tokens", self.chat_body(max_tokens=10**9), None)]
+        cases = [
+            ("malformed JSON body", None, b"{not json"),
+            ("unknown model", {**self.chat_body(), "model": "no-such-model"}, None),
+            ("oversize max_tokens", self.chat_body(max_tokens=10**9), None),
+        ]
         for what, body, raw in cases:
             status, answer = self.post("/v1/chat/completions", body, raw)
             expect(400 <= status < 500, f"a 4xx for a {what}", f"{status} {answer}")
@@ -352,14 +435,18 @@ def image_facts(client, matrix: Matrix, target: str, image: str) -> None:
     """Labels and /etc/gemma4-e2b/build.json agree with each other and with targets.yaml."""
     labels = client.images.get(image).labels
     fixes = matrix.fixes(target)
-    want = {"io.gemma4-images.target": target, "io.gemma4-images.model": matrix.project.model,
-            "io.gemma4-images.vllm-version": matrix.project.vllm_version,
-            "io.gemma4-images.fixes": ",".join(fixes)}
+    want = {
+        "io.gemma4-images.target": target,
+        "io.gemma4-images.model": matrix.project.model,
+        "io.gemma4-images.vllm-version": matrix.project.vllm_version,
+        "io.gemma4-images.fixes": ",".join(fixes),
+    }
     got = {k: labels.get(k) for k in want}
     expect(got == want, json.dumps(want), got)
 
     def read(path):
         return client.containers.run(image, [path], entrypoint=["cat"], remove=True, network_mode="host")
+
     build = json.loads(read("/etc/gemma4-e2b/build.json"))
     expect(build == {k: labels.get(k, "") for k in BUILD_FACTS}, "build.json == the image's labels", build)
     if fixes:
@@ -411,29 +498,48 @@ def planned_checks(matrix: Matrix, target: str, launch: list[str], scripted: boo
     limits = gemma4_serve.mm_limits(launch)
     only_tiny = None if scripted else "exact answers need the tiny trained model (smoke --tiny)"
     return [
-        ("ready", None), ("startup_log", None), ("image_facts", None), ("chat", None), ("chat_stream", None),
-        ("completion", None), ("chat_single_bos", None),
+        ("ready", None),
+        ("startup_log", None),
+        ("image_facts", None),
+        ("chat", None),
+        ("chat_stream", None),
+        ("completion", None),
+        ("chat_single_bos", None),
         ("raw_prompt_bos", None if t.bos_tokenizer else "this target does not bake the BOS tokenizer"),
         ("tools_auto", only_tiny or (None if parser else "no tool parser in the launch")),
-        ("tools_forced", None if parser and grammar_fix else
-         "no tool parser in the launch" if not parser else "gemma4-required-tool-grammar is not applied here"),
-        ("prompt_logprobs_rejected", None if "--kv-sharing-fast-prefill" in launch
-         else "no --kv-sharing-fast-prefill in the launch"),
+        (
+            "tools_forced",
+            None
+            if parser and grammar_fix
+            else "no tool parser in the launch"
+            if not parser
+            else "gemma4-required-tool-grammar is not applied here",
+        ),
+        (
+            "prompt_logprobs_rejected",
+            None if "--kv-sharing-fast-prefill" in launch else "no --kv-sharing-fast-prefill in the launch",
+        ),
         ("reasoning", None if "--reasoning-parser" in launch else "no reasoning parser in the launch"),
-        ("image_input", None), ("audio_input", None),
+        ("image_input", None),
+        ("audio_input", None),
         ("answer_image", only_tiny or (None if limits.get("image", 1) else "the launch refuses images")),
         ("answer_audio", only_tiny or (None if limits.get("audio", 1) else "the launch refuses audio")),
         # The request parameters the Gaudi pack repairs, on any model.
-        ("logit_bias", None), ("bad_words", None), ("min_tokens", None), ("min_p", None),
-        ("top_logprobs", None), ("seed", None), ("mixed_batch", None),
+        ("logit_bias", None),
+        ("bad_words", None),
+        ("min_tokens", None),
+        ("min_p", None),
+        ("top_logprobs", None),
+        ("seed", None),
+        ("mixed_batch", None),
         ("bad_requests", None),
     ]
 
 
 # -- the run -------------------------------------------------------------------------------------
 
-def _container(matrix: Matrix, target: str, image: str, model: str | None, port: int,
-               extra_args: list[str] = ()):
+
+def _container(matrix: Matrix, target: str, image: str, model: str | None, port: int, extra_args: list[str] = ()):
     """The container as targets.yaml says to run it, bound to 127.0.0.1:port, plus the model."""
     t = matrix.targets[target]
     kw = run_kwargs(t.run_flags)
@@ -465,7 +571,9 @@ def wait_healthy(wrapped, url: str, budget: float) -> float:
     while time.monotonic() - start < budget:
         wrapped.reload()
         if wrapped.status not in ("created", "running"):
-            raise CheckFailed(f"the container exited ({wrapped.attrs['State'].get('ExitCode')}) before /health answered")
+            raise CheckFailed(
+                f"the container exited ({wrapped.attrs['State'].get('ExitCode')}) before /health answered"
+            )
         try:
             if http("GET", url + "/health", timeout=5)[0] == 200:
                 return time.monotonic() - start
@@ -475,22 +583,31 @@ def wait_healthy(wrapped, url: str, budget: float) -> float:
     raise CheckFailed(f"/health did not answer 200 within the startup budget of {budget:.0f}s")
 
 
-def run_smoke(client, matrix: Matrix, target: str, image: str | None = None, model: str | None = None,
-              script: list | None = None, log=print) -> Report:
+def run_smoke(
+    client,
+    matrix: Matrix,
+    target: str,
+    image: str | None = None,
+    model: str | None = None,
+    script: list | None = None,
+    log=print,
+) -> Report:
     """Start image, run every check that applies to target, always remove the container."""
     target = matrix.resolve(target)
     image = image or matrix.tag(target)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     container, served, args = _container(matrix, target, image, model, port)
-    report = Report(target=target, image=image, model=model or matrix.project.model,
-                    image_id=client.images.get(image).id)
+    report = Report(
+        target=target, image=image, model=model or matrix.project.model, image_id=client.images.get(image).id
+    )
     log(f"starting {image} on 127.0.0.1:{port}")
     try:
         container.start()
         try:
-            report.seconds_to_healthy = round(wait_healthy(container.get_wrapped_container(), url,
-                                                        matrix.targets[target].startup_budget_s), 1)
+            report.seconds_to_healthy = round(
+                wait_healthy(container.get_wrapped_container(), url, matrix.targets[target].startup_budget_s), 1
+            )
             log(f"healthy after {report.seconds_to_healthy}s")
         except CheckFailed as e:
             report.checks.append(Check("ready", "fail", str(e)))
@@ -499,8 +616,10 @@ def run_smoke(client, matrix: Matrix, target: str, image: str | None = None, mod
         # What the container runs: the recipe's launch as the entrypoint composes it, plus ours.
         launch = shlex.split(container.exec(["gemma4-serve", "--print-command", *args]).output.decode())
         checks = Checks(url, served, launch, script)
-        special = {"image_facts": lambda: image_facts(client, matrix, target, image),
-                   "startup_log": lambda: startup_log(started)}
+        special = {
+            "image_facts": lambda: image_facts(client, matrix, target, image),
+            "startup_log": lambda: startup_log(started),
+        }
         for name, skip in planned_checks(matrix, target, launch, bool(script)):
             if skip:
                 report.checks.append(Check(name, "skip", skip))

@@ -1,5 +1,6 @@
 """The BOS tokenizer copy an image bakes, made on the build host: a hub download uses HF_TOKEN in
 this process only, so no token ever reaches a build arg, a layer, the history or a label."""
+
 import shutil
 from pathlib import Path
 
@@ -26,7 +27,9 @@ def stage(matrix: Matrix, name: str, source: str | None = None, stage_dir: Path 
     try:
         bos_tool.make_bos_copy(source, out)
     except bos_tool.Refusal as e:
-        raise TokenizerError(f"cannot make the BOS tokenizer copy from {source}: {e}\n"
-                             "No hub access? Pass --tokenizer-source with a local folder holding the "
-                             "model's tokenizer files.") from None
+        raise TokenizerError(
+            f"cannot make the BOS tokenizer copy from {source}: {e}\n"
+            "No hub access? Pass --tokenizer-source with a local folder holding the "
+            "model's tokenizer files."
+        ) from None
     return out, source if not Path(source).exists() else f"local:{Path(source).name}"

@@ -2,6 +2,7 @@
 streaming and plain chat requests at once, some streaming clients hanging up mid-stream, each
 request's status, latency and how its stream ended, and what the server's /metrics says.
 Standard library only; loopback only."""
+
 from __future__ import annotations
 
 import http.client
@@ -17,13 +18,13 @@ from dataclasses import dataclass, field
 
 @dataclass
 class Outcome:
-    kind: str                  # stream | plain | disconnect
+    kind: str  # stream | plain | disconnect
     status: int | None = None
     seconds: float = 0.0
     chunks: int = 0
-    done: bool = False         # a stream ended with data: [DONE]
-    error_event: str = ""      # the error a stream ended with, if any
-    error: str = ""            # what went wrong on our side (connection, timeout)
+    done: bool = False  # a stream ended with data: [DONE]
+    error_event: str = ""  # the error a stream ended with, if any
+    error: str = ""  # what went wrong on our side (connection, timeout)
 
 
 @dataclass
@@ -39,10 +40,13 @@ class Load:
 
     def summary(self) -> dict:
         lat = self.latencies()
-        return {"requests": len(self.outcomes), "seconds": round(self.seconds, 2),
-                "ok": sum(o.status == 200 and (o.kind != "stream" or o.done) for o in self.outcomes),
-                "p50_s": round(percentile(lat, 50), 3) if lat else None,
-                "p99_s": round(percentile(lat, 99), 3) if lat else None}
+        return {
+            "requests": len(self.outcomes),
+            "seconds": round(self.seconds, 2),
+            "ok": sum(o.status == 200 and (o.kind != "stream" or o.done) for o in self.outcomes),
+            "p50_s": round(percentile(lat, 50), 3) if lat else None,
+            "p99_s": round(percentile(lat, 99), 3) if lat else None,
+        }
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -52,8 +56,14 @@ def percentile(values: list[float], p: float) -> float:
 
 
 def chat_body(model: str, max_tokens: int, stream: bool, text: str = "Say hello.") -> dict:
-    return {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
-            "ignore_eos": True, "stream": stream, "temperature": 0}
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": stream,
+        "temperature": 0,
+    }
 
 
 def one_request(url: str, body: dict, kind: str, timeout: float, hang_up_after: int = 0) -> Outcome:
@@ -90,8 +100,16 @@ def one_request(url: str, body: dict, kind: str, timeout: float, hang_up_after: 
     return out
 
 
-def run(url: str, model: str, streams: int = 64, plain: int = 16, hang_ups: int = 0, max_tokens: int = 24,
-        timeout: float = 600, during=None) -> Load:
+def run(
+    url: str,
+    model: str,
+    streams: int = 64,
+    plain: int = 16,
+    hang_ups: int = 0,
+    max_tokens: int = 24,
+    timeout: float = 600,
+    during=None,
+) -> Load:
     """streams + plain requests at once (hang_ups of the streams leave after two events); returns
     when every request has ended. during(): called once all requests are started (e.g. docker stop)."""
     load, threads, lock = Load(), [], threading.Lock()
@@ -104,7 +122,9 @@ def run(url: str, model: str, streams: int = 64, plain: int = 16, hang_ups: int 
     start = time.monotonic()
     for i in range(streams):
         kind = "disconnect" if i < hang_ups else "stream"
-        threads.append(threading.Thread(target=go, args=(kind, chat_body(model, max_tokens, True), 2 if i < hang_ups else 0)))
+        threads.append(
+            threading.Thread(target=go, args=(kind, chat_body(model, max_tokens, True), 2 if i < hang_ups else 0))
+        )
     for _ in range(plain):
         threads.append(threading.Thread(target=go, args=("plain", chat_body(model, max_tokens, False))))
     for t in threads:

@@ -5,6 +5,7 @@ repository that its wheels do not ship. The build host takes it from the source 
 package index (sha256-pinned in targets.yaml), so the image holds exactly the pinned version's file
 and this repository holds none of vLLM's code.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -43,11 +44,13 @@ def _index_url() -> str:
     """The index pip is configured with, so mirrors and proxies users already set up apply."""
     url = os.environ.get("PIP_INDEX_URL")
     if not url:
-        out = subprocess.run([sys.executable, "-m", "pip", "config", "get", "global.index-url"],
-                             capture_output=True, text=True)
+        out = subprocess.run(
+            [sys.executable, "-m", "pip", "config", "get", "global.index-url"], capture_output=True, text=True
+        )
         url = out.stdout.strip() if out.returncode == 0 else ""
     if not url:
         from pip._internal.models.index import PyPI
+
         url = PyPI.simple_url
     return url.rstrip("/")
 
@@ -79,8 +82,9 @@ def fetch_sdist(filename: str, sha256: str) -> Path:
     except StopIteration:
         raise UpstreamError(f"{filename} is not listed at {page}") from None
     except (OSError, ValueError) as e:
-        raise UpstreamError(f"cannot download {filename} from {page}: {e}. Offline? Put the file "
-                            f"in {path.parent} and run again.") from None
+        raise UpstreamError(
+            f"cannot download {filename} from {page}: {e}. Offline? Put the file in {path.parent} and run again."
+        ) from None
     if _sha256(tmp) != sha256:
         tmp.unlink()
         raise UpstreamError(f"{filename}: sha256 does not match the pin in targets.yaml ({sha256})")

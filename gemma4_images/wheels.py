@@ -1,6 +1,7 @@
 """Python wheels downloaded on the build host and served to builds on 127.0.0.1: the only way
 packages reach an image here (pip inside a build cannot verify PyPI's TLS), and the air-gapped
 path for users (the host's pip configuration, mirrors and proxies apply)."""
+
 from __future__ import annotations
 
 import functools
@@ -20,8 +21,9 @@ class WheelsError(Exception):
     pass
 
 
-def wheelhouse(requirements: list[str], python: str = "3.11", platforms: list[str] | None = None,
-               name: str | None = None) -> Path:
+def wheelhouse(
+    requirements: list[str], python: str = "3.11", platforms: list[str] | None = None, name: str | None = None
+) -> Path:
     """Wheels for requirements and their dependencies, for CPython `python` on `platforms` (pip's
     tags; default: this host's), downloaded once per machine into wheelhouse-<name or a hash>."""
     key = hashlib.sha256("\n".join([*requirements, python, *(platforms or [])]).encode()).hexdigest()[:16]
@@ -55,8 +57,22 @@ def manylinux_platforms(machine: str, glibc: str) -> list[str]:
 
 def _pip_download(requirements: list[str], dest: Path, *args: str) -> None:
     dest.mkdir(parents=True, exist_ok=True)
-    run = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:",
-                          "-d", str(dest), *requirements, *args], capture_output=True, text=True)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--only-binary=:all:",
+            "-d",
+            str(dest),
+            *requirements,
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+    )
     if run.returncode != 0:
         errors = [line for line in run.stderr.splitlines() if not line.startswith("WARNING: Location")]
         raise WheelsError(f"pip download {' '.join(requirements)} failed:\n" + "\n".join(errors[-10:]))

@@ -22,6 +22,7 @@ Sizes shrink with flags (--scale, --cases, --max-model-len, --concurrency, ...) 
 image with a tiny model can run the whole thing; random ids stay below the vocabulary and avoid
 special and added tokens.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,13 +59,16 @@ RECIPE_OFFLINE = {
     "long-bs16": (33.0e3, 78.5e3),
 }
 # 000: served, 64 concurrent ~600-token prompts, two recorded rounds per mode.
-RECIPE_SERVED = {"stock": {"ttft_median_s": [1.01, 1.00], "wall_s": [9.29, 9.18]},
-                 "fast": {"ttft_median_s": [0.76, 0.77], "wall_s": [9.09, 8.96]}}
+RECIPE_SERVED = {
+    "stock": {"ttft_median_s": [1.01, 1.00], "wall_s": [9.29, 9.18]},
+    "fast": {"ttft_median_s": [0.76, 0.77], "wall_s": [9.09, 8.96]},
+}
 RECIPE_CORRECTNESS = "64/64 first token, 64/64 32-token continuations (Gaudi 2, 1,024-token wikitext prompts)"
 DEFAULT_MODEL = "google/gemma-4-E2B-it"
 
 
 # -- pure helpers (unit-tested) ------------------------------------------------------------------
+
 
 def score(bs: int, input_len: int, output_len: int, latency_s: float) -> float:
     """The recipe's throughput: bs x (input + output) tokens over the batch latency."""
@@ -80,8 +84,14 @@ def scaled_case(name: str, scale: float, max_model_len: int | None = None) -> di
     inp_s = max(8, round(inp * scale))
     if max_model_len:
         inp_s = min(inp_s, max_model_len - out)
-    return {"case": name, "title": title, "input_len": inp_s, "output_len": out,
-            "bs": max(1, round(bs * scale)), "recipe": {"input_len": inp, "output_len": out, "bs": bs}}
+    return {
+        "case": name,
+        "title": title,
+        "input_len": inp_s,
+        "output_len": out,
+        "bs": max(1, round(bs * scale)),
+        "recipe": {"input_len": inp, "output_len": out, "bs": bs},
+    }
 
 
 def case_label(c: dict) -> str:
@@ -119,8 +129,13 @@ def compare_continuations(stock: list[list[int]], fast: list[list[int]]) -> dict
     first = sum(1 for a, b in zip(stock, fast) if a[:1] == b[:1])
     whole = sum(1 for a, b in zip(stock, fast) if a == b)
     tokens = len(stock[0]) if stock else 0
-    return {"n": n, "tokens": tokens, "first_token_identical": first, "continuation_identical": whole,
-            "summary": f"first token {first}/{n}, {tokens}-token continuations identical {whole}/{n}"}
+    return {
+        "n": n,
+        "tokens": tokens,
+        "first_token_identical": first,
+        "continuation_identical": whole,
+        "summary": f"first token {first}/{n}, {tokens}-token continuations identical {whole}/{n}",
+    }
 
 
 def offline_table(result: dict) -> str:
@@ -130,8 +145,7 @@ def offline_table(result: dict) -> str:
         s = result["modes"].get("stock", {}).get(c["case"], {}).get("tok_s")
         f = result["modes"].get("fast", {}).get(c["case"], {}).get("tok_s")
         r = ratio(f, s)
-        rows.append((case_label(c), fmt_tps(s) + (" tok/s" if s else ""), fmt_tps(f),
-                     f"{r:.2f}x" if r else "-"))
+        rows.append((case_label(c), fmt_tps(s) + (" tok/s" if s else ""), fmt_tps(f), f"{r:.2f}x" if r else "-"))
     return _markdown(rows)
 
 
@@ -168,23 +182,40 @@ def parse_sse_line(line: bytes) -> dict | None | str:
 
 # -- offline: parent -----------------------------------------------------------------------------
 
+
 def run_offline(args) -> dict:
     cases = [scaled_case(n, args.scale, args.max_model_len) for n in args.cases]
-    spec = {"model": args.model, "tokenizer": args.tokenizer, "max_model_len": args.max_model_len,
-            "gpu_memory_utilization": args.gpu_memory_utilization, "enforce_eager": args.enforce_eager,
-            "cases": cases, "warmups": args.warmups, "reps": args.reps, "seed": args.seed,
-            "check_prompts": args.check_prompts, "check_len": max(8, min(round(1024 * args.scale),
-                                                                         args.max_model_len - 33)),
-            "check_tokens": args.check_tokens, "engine_args": parse_engine_args(args.extra)}
+    spec = {
+        "model": args.model,
+        "tokenizer": args.tokenizer,
+        "max_model_len": args.max_model_len,
+        "gpu_memory_utilization": args.gpu_memory_utilization,
+        "enforce_eager": args.enforce_eager,
+        "cases": cases,
+        "warmups": args.warmups,
+        "reps": args.reps,
+        "seed": args.seed,
+        "check_prompts": args.check_prompts,
+        "check_len": max(8, min(round(1024 * args.scale), args.max_model_len - 33)),
+        "check_tokens": args.check_tokens,
+        "engine_args": parse_engine_args(args.extra),
+    }
     env = dict(os.environ)
-    if "VLLM_SKIP_WARMUP" in env:   # 000 "What not to do": vllm-gaudi reads any value as true
-        raise SystemExit("gemma4-bench: VLLM_SKIP_WARMUP is set; unset it (the recipe's figures were "
-                         "measured with warm-up, and vllm-gaudi reads even 'false' as true)")
-    env["VLLM_PROMPT_BS_BUCKET_MAX"] = str(args.prompt_bs_cap)   # vllm-gaudi; ignored elsewhere
-    result = {"method": "offline (000 Performance; vllm#60445): LLM.generate, bs random-token prompts, "
-                        "bs x (input + output) / batch latency, median of reps after warm-ups",
-              "settings": {k: v for k, v in spec.items() if k != "cases"} | {"prompt_bs_cap": args.prompt_bs_cap},
-              "cases": cases, "modes": {}, "continuations": {}, "errors": {}}
+    if "VLLM_SKIP_WARMUP" in env:  # 000 "What not to do": vllm-gaudi reads any value as true
+        raise SystemExit(
+            "gemma4-bench: VLLM_SKIP_WARMUP is set; unset it (the recipe's figures were "
+            "measured with warm-up, and vllm-gaudi reads even 'false' as true)"
+        )
+    env["VLLM_PROMPT_BS_BUCKET_MAX"] = str(args.prompt_bs_cap)  # vllm-gaudi; ignored elsewhere
+    result = {
+        "method": "offline (000 Performance; vllm#60445): LLM.generate, bs random-token prompts, "
+        "bs x (input + output) / batch latency, median of reps after warm-ups",
+        "settings": {k: v for k, v in spec.items() if k != "cases"} | {"prompt_bs_cap": args.prompt_bs_cap},
+        "cases": cases,
+        "modes": {},
+        "continuations": {},
+        "errors": {},
+    }
     for mode in args.modes:
         log(f"offline: {mode} mode in its own process")
         out = run_worker(spec | {"fast": MODES[mode]}, env, args.worker_timeout)
@@ -195,12 +226,15 @@ def run_offline(args) -> dict:
         result["continuations"][mode] = out["continuations"]
         result.setdefault("vllm_version", out.get("vllm_version"))
         result.setdefault("init_s", {})[mode] = out.get("init_s")
-    result["ratios"] = {c["case"]: ratio(result["modes"].get("fast", {}).get(c["case"], {}).get("tok_s"),
-                                         result["modes"].get("stock", {}).get(c["case"], {}).get("tok_s"))
-                        for c in cases}
+    result["ratios"] = {
+        c["case"]: ratio(
+            result["modes"].get("fast", {}).get(c["case"], {}).get("tok_s"),
+            result["modes"].get("stock", {}).get(c["case"], {}).get("tok_s"),
+        )
+        for c in cases
+    }
     if {"stock", "fast"} <= set(result["continuations"]) and args.check_prompts:
-        result["correctness"] = compare_continuations(result["continuations"]["stock"],
-                                                      result["continuations"]["fast"])
+        result["correctness"] = compare_continuations(result["continuations"]["stock"], result["continuations"]["fast"])
     return result
 
 
@@ -236,8 +270,13 @@ def run_worker(spec: dict, env: dict, timeout: float) -> dict:
         with open(spec_file, "w") as f:
             json.dump(spec, f)
         try:
-            run = subprocess.run([sys.executable, os.path.abspath(__file__), "_worker", spec_file, out_file],
-                                 env=env, timeout=timeout, capture_output=True, text=True)
+            run = subprocess.run(
+                [sys.executable, os.path.abspath(__file__), "_worker", spec_file, out_file],
+                env=env,
+                timeout=timeout,
+                capture_output=True,
+                text=True,
+            )
         except subprocess.TimeoutExpired:
             return {"error": f"the worker did not finish within {timeout:.0f}s"}
         if run.returncode != 0 or not os.path.exists(out_file):
@@ -249,6 +288,7 @@ def run_worker(spec: dict, env: dict, timeout: float) -> dict:
 
 # -- offline: worker (imports vLLM) ---------------------------------------------------------------
 
+
 def worker(spec_file: str, out_file: str) -> int:
     with open(spec_file) as f:
         spec = json.load(f)
@@ -256,10 +296,17 @@ def worker(spec_file: str, out_file: str) -> int:
     import vllm
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
-    kwargs = {"model": spec["model"], "max_model_len": spec["max_model_len"],
-              "gpu_memory_utilization": spec["gpu_memory_utilization"],
-              "enforce_eager": spec["enforce_eager"], "kv_sharing_fast_prefill": spec["fast"],
-              "enable_prefix_caching": False, "seed": spec["seed"], **spec["engine_args"]}
+
+    kwargs = {
+        "model": spec["model"],
+        "max_model_len": spec["max_model_len"],
+        "gpu_memory_utilization": spec["gpu_memory_utilization"],
+        "enforce_eager": spec["enforce_eager"],
+        "kv_sharing_fast_prefill": spec["fast"],
+        "enable_prefix_caching": False,
+        "seed": spec["seed"],
+        **spec["engine_args"],
+    }
     if spec.get("tokenizer"):
         kwargs["tokenizer"] = spec["tokenizer"]
     llm = LLM(**kwargs)
@@ -270,8 +317,9 @@ def worker(spec_file: str, out_file: str) -> int:
     ids = valid_token_ids(vocab, excluded)
     cases = {}
     for n, c in enumerate(spec["cases"]):
-        prompts = [TokensPrompt(prompt_token_ids=p)
-                   for p in random_prompts(ids, c["bs"], c["input_len"], spec["seed"] + n)]
+        prompts = [
+            TokensPrompt(prompt_token_ids=p) for p in random_prompts(ids, c["bs"], c["input_len"], spec["seed"] + n)
+        ]
         params = SamplingParams(max_tokens=c["output_len"], ignore_eos=True, temperature=0.0)
         for _ in range(spec["warmups"]):
             llm.generate(prompts, params, use_tqdm=False)
@@ -282,31 +330,54 @@ def worker(spec_file: str, out_file: str) -> int:
             latencies.append(time.perf_counter() - t)
             produced.append(sum(len(o.outputs[0].token_ids) for o in outs))
         scores = [score(c["bs"], c["input_len"], c["output_len"], lat) for lat in latencies]
-        cases[c["case"]] = {"latency_s": latencies, "tok_s_reps": scores, "tok_s": statistics.median(scores),
-                            "output_tokens_per_rep": produced,
-                            "expected_output_tokens": c["bs"] * c["output_len"]}
+        cases[c["case"]] = {
+            "latency_s": latencies,
+            "tok_s_reps": scores,
+            "tok_s": statistics.median(scores),
+            "output_tokens_per_rep": produced,
+            "expected_output_tokens": c["bs"] * c["output_len"],
+        }
         print(f"  {case_label(c)}: {fmt_tps(cases[c['case']]['tok_s'])} tok/s", file=sys.stderr, flush=True)
     continuations = []
     if spec["check_prompts"]:
-        prompts = [TokensPrompt(prompt_token_ids=p)
-                   for p in random_prompts(ids, spec["check_prompts"], spec["check_len"], spec["seed"] + 1000)]
-        outs = llm.generate(prompts, SamplingParams(max_tokens=spec["check_tokens"], ignore_eos=True,
-                                                    temperature=0.0), use_tqdm=False)
+        prompts = [
+            TokensPrompt(prompt_token_ids=p)
+            for p in random_prompts(ids, spec["check_prompts"], spec["check_len"], spec["seed"] + 1000)
+        ]
+        outs = llm.generate(
+            prompts, SamplingParams(max_tokens=spec["check_tokens"], ignore_eos=True, temperature=0.0), use_tqdm=False
+        )
         continuations = [list(o.outputs[0].token_ids) for o in outs]
     with open(out_file, "w") as f:
-        json.dump({"cases": cases, "continuations": continuations, "init_s": init_s,
-                   "vllm_version": getattr(vllm, "__version__", "")}, f)
+        json.dump(
+            {
+                "cases": cases,
+                "continuations": continuations,
+                "init_s": init_s,
+                "vllm_version": getattr(vllm, "__version__", ""),
+            },
+            f,
+        )
     return 0
 
 
 # -- served --------------------------------------------------------------------------------------
 
+
 def stream_completion(url: str, model: str, prompt: list[int], max_tokens: int, timeout: float) -> dict:
     """One streamed /v1/completions request; times to the first token and to the end."""
     parts = urllib.parse.urlsplit(url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
-    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-                       "ignore_eos": True, "stream": True})
+    body = json.dumps(
+        {
+            "model": model,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "stream": True,
+        }
+    )
     start = time.perf_counter()
     conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
     resp = conn.getresponse()
@@ -336,6 +407,7 @@ def served_round(url: str, model: str, prompts: list[list[int]], max_tokens: int
             results[i] = stream_completion(url, model, prompts[i], max_tokens, timeout)
         except Exception as e:  # noqa: BLE001 - one failed request is reported, not fatal
             results[i] = {"error": f"{type(e).__name__}: {e}"}
+
     start = time.perf_counter()
     threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
     for t in threads:
@@ -345,8 +417,12 @@ def served_round(url: str, model: str, prompts: list[list[int]], max_tokens: int
     wall = time.perf_counter() - start
     errors = [r["error"] for r in results if "error" in r]
     ttfts = [r["ttft_s"] for r in results if r.get("ttft_s") is not None]
-    return {"wall_s": wall, "ttft_median_s": statistics.median(ttfts) if ttfts else None,
-            "errors": errors, "texts": [r.get("text", "") for r in results]}
+    return {
+        "wall_s": wall,
+        "ttft_median_s": statistics.median(ttfts) if ttfts else None,
+        "errors": errors,
+        "texts": [r.get("text", "") for r in results],
+    }
 
 
 def http_json(url: str, timeout: float = 5):
@@ -371,6 +447,7 @@ def wait_healthy(url: str, proc, budget: float) -> float:
 
 def free_port() -> int:
     import socket
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -387,19 +464,31 @@ def served_mode(url: str, args, prompts) -> dict:
         log(f"  {kind} round: first-token median {r['ttft_median_s']:.2f} s, wall {r['wall_s']:.2f} s")
         if kind == "recorded":
             rounds.append(r)
-    return {"model": model, "ttft_median_s": [r["ttft_median_s"] for r in rounds],
-            "wall_s": [r["wall_s"] for r in rounds], "texts": rounds[-1]["texts"]}
+    return {
+        "model": model,
+        "ttft_median_s": [r["ttft_median_s"] for r in rounds],
+        "wall_s": [r["wall_s"] for r in rounds],
+        "texts": rounds[-1]["texts"],
+    }
 
 
 def run_served(args) -> dict:
-    prompts = random_prompts(list(range(args.token_low, args.token_high)), args.concurrency,
-                             args.prompt_tokens, args.seed)
-    result = {"method": "served (000 Performance): concurrent streamed /v1/completions, "
-                        f"{args.warmup_rounds} warm-up then {args.rounds} recorded rounds per mode",
-              "settings": {"concurrency": args.concurrency, "prompt_tokens": args.prompt_tokens,
-                           "max_tokens": args.max_tokens, "rounds": args.rounds,
-                           "warmup_rounds": args.warmup_rounds},
-              "modes": {}, "errors": {}}
+    prompts = random_prompts(
+        list(range(args.token_low, args.token_high)), args.concurrency, args.prompt_tokens, args.seed
+    )
+    result = {
+        "method": "served (000 Performance): concurrent streamed /v1/completions, "
+        f"{args.warmup_rounds} warm-up then {args.rounds} recorded rounds per mode",
+        "settings": {
+            "concurrency": args.concurrency,
+            "prompt_tokens": args.prompt_tokens,
+            "max_tokens": args.max_tokens,
+            "rounds": args.rounds,
+            "warmup_rounds": args.warmup_rounds,
+        },
+        "modes": {},
+        "errors": {},
+    }
     if args.url:
         label = args.label or "stock"
         log(f"served: {args.url} as the {label} mode")
@@ -431,8 +520,11 @@ def run_served(args) -> dict:
     if "stock" in modes and "fast" in modes:
         a, b = modes["stock"]["texts"], modes["fast"]["texts"]
         n = len(a)
-        result["outputs"] = {"n": n, "first_40_chars_identical": sum(x[:40] == y[:40] for x, y in zip(a, b)),
-                             "identical": sum(x == y for x, y in zip(a, b))}
+        result["outputs"] = {
+            "n": n,
+            "first_40_chars_identical": sum(x[:40] == y[:40] for x, y in zip(a, b)),
+            "identical": sum(x == y for x, y in zip(a, b)),
+        }
     for m in modes.values():
         m.pop("texts", None)
     return result
@@ -440,25 +532,32 @@ def run_served(args) -> dict:
 
 # -- command line --------------------------------------------------------------------------------
 
+
 def log(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gemma4-bench", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="gemma4-bench", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = p.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--modes", default="stock,fast", type=lambda s: [m for m in s.split(",") if m],
-                        help="stock,fast (default both)")
+    common.add_argument(
+        "--modes", default="stock,fast", type=lambda s: [m for m in s.split(",") if m], help="stock,fast (default both)"
+    )
     common.add_argument("--seed", type=int, default=0)
     common.add_argument("--json", metavar="PATH", help="also write the result as JSON to PATH (- for stdout)")
 
     off = sub.add_parser("offline", parents=[common], help="LLM.generate throughput, stock vs fast prefill")
     off.add_argument("--model", default=os.environ.get("GEMMA4_MODEL", DEFAULT_MODEL))
     off.add_argument("--tokenizer", default=None)
-    off.add_argument("--cases", default=",".join(CASES), type=lambda s: [c for c in s.split(",") if c],
-                     help=f"comma-separated, from: {', '.join(CASES)}")
+    off.add_argument(
+        "--cases",
+        default=",".join(CASES),
+        type=lambda s: [c for c in s.split(",") if c],
+        help=f"comma-separated, from: {', '.join(CASES)}",
+    )
     off.add_argument("--scale", type=float, default=1.0, help="multiply input lengths and batch sizes")
     off.add_argument("--max-model-len", type=int, default=8192)
     off.add_argument("--gpu-memory-utilization", type=float, default=0.85)
@@ -472,8 +571,9 @@ def parser() -> argparse.ArgumentParser:
     off.add_argument("extra", nargs=argparse.REMAINDER, help="-- then extra engine args (--key value)")
 
     srv = sub.add_parser("served", parents=[common], help="concurrent streamed requests against a server")
-    srv.add_argument("--url", help="a running server (measured as one mode, --label); default: start "
-                                   "gemma4-serve once per mode")
+    srv.add_argument(
+        "--url", help="a running server (measured as one mode, --label); default: start gemma4-serve once per mode"
+    )
     srv.add_argument("--label", help="the mode a --url server is in (default stock)")
     srv.add_argument("--served-model", help="model name for requests (default: the first /v1/models id)")
     srv.add_argument("--serve-command", default="gemma4-serve")
@@ -511,8 +611,10 @@ def main(argv: list[str]) -> int:
         print(served_table(result))
         if "outputs" in result:
             o = result["outputs"]
-            print(f"\noutputs, fast vs stock: first 40 characters {o['first_40_chars_identical']}/{o['n']}, "
-                  f"whole {o['identical']}/{o['n']}")
+            print(
+                f"\noutputs, fast vs stock: first 40 characters {o['first_40_chars_identical']}/{o['n']}, "
+                f"whole {o['identical']}/{o['n']}"
+            )
     for mode, err in result["errors"].items():
         print(f"\n{mode} mode failed: {err}", file=sys.stderr)
     if args.json:

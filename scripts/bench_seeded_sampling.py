@@ -10,6 +10,7 @@ per-row torch.Generator draw (what the pack used to do on the host). Prints medi
 each one's ratio to the baseline; the target is seeded <= 1.10 x unseeded. Ratios, not times,
 are the result: the machine's load moves times, not the comparison.
 """
+
 import argparse
 import os
 import statistics
@@ -28,12 +29,13 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's own choice)")
     args = parser.parse_args(argv)
     import torch
+
     if args.threads:
         torch.set_num_threads(args.threads)
-    from vllm.v1.sample.ops.topk_topp_sampler import random_sample
-
     import gaudi_fixes_helpers as h
     import gaudi_runner as gr
+    from vllm.v1.sample.ops.topk_topp_sampler import random_sample
+
     patches = gr.load_patches_module(os.path.abspath(args.src), h.gaudi_fixes())
 
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, vocab {VOCAB}, median of {args.reps}")
@@ -46,7 +48,8 @@ def main(argv=None):
             "all seeded": lambda p: patches._hpu_random_sample(p, dict(enumerate(draws))),
             "1 seeded row": lambda p: patches._hpu_random_sample(p, {0: draws[0]}),
             "torch.Generator rows": lambda p: random_sample(
-                p, {i: torch.Generator().manual_seed(1000 + i) for i in range(bs)}),
+                p, {i: torch.Generator().manual_seed(1000 + i) for i in range(bs)}
+            ),
         }
         times = {name: [] for name in cases}
         for rep in range(args.reps + 1):

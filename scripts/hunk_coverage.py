@@ -20,6 +20,7 @@ show}); it is reported, not counted as missed. --record writes the figure into e
 Exit status: 0 every hunk noticed or declared Gaudi-only; 1 otherwise (or a baseline run
 fails); 2 usage.
 """
+
 import argparse
 import concurrent.futures
 import difflib
@@ -27,7 +28,6 @@ import hashlib
 import importlib.util
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -83,12 +83,15 @@ def mutant(src, prof, fixes, fix, path, index, dest):
         if p not in texts:
             texts[p] = aa.read_lines(os.path.join(src, p))
         return texts[p]
+
     for other in fixes:
         name = other["name"]
         if name == fix["name"]:
             seen = True
-            diff = {p: [h for i, h in enumerate(hunks) if not (p == path and i == index)]
-                    for p, hunks in other["diff"].items()}
+            diff = {
+                p: [h for i, h in enumerate(hunks) if not (p == path and i == index)]
+                for p, hunks in other["diff"].items()
+            }
         else:
             diff = other["diff"]
         before = {p: text(p) for p in diff}
@@ -103,18 +106,41 @@ def mutant(src, prof, fixes, fix, path, index, dest):
             with open(os.path.join(dest, name, "fix.diff"), "w", encoding="utf-8") as f:
                 f.write("".join(unified(p, before[p], after[p]) for p in sorted(diff) if before[p] != after[p]))
     with open(os.path.join(dest, "profiles", PROFILE + ".json"), "w", encoding="utf-8") as f:
-        json.dump(dict(prof, generic=[n for n in prof["generic"] if n not in dropped],
-                       opt_in=[n for n in prof["opt_in"] if n not in dropped]), f, indent=2)
+        json.dump(
+            dict(
+                prof,
+                generic=[n for n in prof["generic"] if n not in dropped],
+                opt_in=[n for n in prof["opt_in"] if n not in dropped],
+            ),
+            f,
+            indent=2,
+        )
     return dropped
 
 
 def run_tests(python, src, pack, tests):
     env = dict(os.environ, VLLM_GAUDI_SRC=src, GEMMA4_FIXES_PACK=pack, GEMMA4_GAUDI_FIXES_NO_SKIP="1")
-    cmd = [python, "-m", "pytest", "--noconftest", "-p", "no:cacheprovider", "-q", "-x", "-rf", "--tb=no",
-           "-W", "ignore::DeprecationWarning", *tests]
+    cmd = [
+        python,
+        "-m",
+        "pytest",
+        "--noconftest",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "-x",
+        "-rf",
+        "--tb=no",
+        "-W",
+        "ignore::DeprecationWarning",
+        *tests,
+    ]
     run = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
-    failed = [line.split(" ", 1)[1].split(" - ")[0] for line in run.stdout.splitlines()
-              if line.startswith(("FAILED ", "ERROR "))]
+    failed = [
+        line.split(" ", 1)[1].split(" - ")[0]
+        for line in run.stdout.splitlines()
+        if line.startswith(("FAILED ", "ERROR "))
+    ]
     summary = (run.stdout.strip().splitlines() or ["(no output)"])[-1]
     return run.returncode, failed, summary
 
@@ -142,17 +168,22 @@ def main(argv=None):
         print(f"hunk coverage: unknown fix(es) {sorted(unknown)}", file=sys.stderr)
         return 2
     chosen = [f for f in fixes if not args.fix or f["name"] in args.fix]
-    manifests = {f["name"]: json.load(open(os.path.join(PACK, f["name"], "fix.json"), encoding="utf-8"))
-                 for f in chosen}
-    exact = all(hashlib.sha256(open(os.path.join(src, p), "rb").read()).hexdigest() == want
-                for f in chosen for p, want in f["pre_sha256"].items())
+    manifests = {
+        f["name"]: json.load(open(os.path.join(PACK, f["name"], "fix.json"), encoding="utf-8")) for f in chosen
+    }
+    exact = all(
+        hashlib.sha256(open(os.path.join(src, p), "rb").read()).hexdigest() == want
+        for f in chosen
+        for p, want in f["pre_sha256"].items()
+    )
     if args.record and not exact:
-        print("hunk coverage: --record needs the files the fixes were written against (pre_sha256)",
-              file=sys.stderr)
+        print("hunk coverage: --record needs the files the fixes were written against (pre_sha256)", file=sys.stderr)
         return 2
     bad = 0
-    with tempfile.TemporaryDirectory(prefix="hunk-coverage.") as tmp, \
-            concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
+    with (
+        tempfile.TemporaryDirectory(prefix="hunk-coverage.") as tmp,
+        concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool,
+    ):
         jobs = {}
         for fix in chosen:
             tests = manifests[fix["name"]].get("tests")
@@ -192,7 +223,7 @@ def main(argv=None):
                         noticed += 1
                         print(f"  noticed      {label}{also}: {', '.join(failed) or summary}")
                         if marks:
-                            print(f"      declared Gaudi-only in fix.json, but a CPU test notices it: remove the entry")
+                            print("      declared Gaudi-only in fix.json, but a CPU test notices it: remove the entry")
                             bad += 1
                     elif marks:
                         print(f"  Gaudi-only   {label}{also}: {declared[marks[0]]['why']}")
@@ -209,7 +240,8 @@ def main(argv=None):
                 path = os.path.join(PACK, name, "fix.json")
                 manifests[name]["hunk_coverage"] = (
                     f"{figure} (scripts/check-fixes.sh --hunk-coverage: each hunk dropped in turn, the fix's tests "
-                    f"run against the files it was written against)")
+                    f"run against the files it was written against)"
+                )
                 with open(path, "w", encoding="utf-8") as f:
                     f.write(json.dumps(manifests[name], indent=2, ensure_ascii=False) + "\n")
     return 1 if bad else 0

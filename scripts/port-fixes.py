@@ -28,6 +28,7 @@ Standard library, git and the pack's own apply_all.py only; vLLM is never import
 Exit status: 0 every fix ported and its tests pass, 1 a conflict or a failing test,
 2 bad input (nothing written).
 """
+
 import argparse
 import difflib
 import glob
@@ -47,8 +48,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACK = os.path.join(REPO, "patches")
 ARCHIVES = os.path.join(os.path.dirname(REPO), "shared", "upstream")
 STALE_COVERAGE = "; before the port: "  # joins a ported fix's hunk_coverage note to the figure it replaces
-RECORD_COVERAGE = "record it with PYTHON=<python with vLLM 0.30.0> scripts/hunk_coverage.py --record {tree} " \
-                  "once this pack is patches/"
+RECORD_COVERAGE = (
+    "record it with PYTHON=<python with vLLM 0.30.0> scripts/hunk_coverage.py --record {tree} "
+    "once this pack is patches/"
+)
 # The check of test_gaudi_fix_manifests.py that a fix.json's hunk_coverage figure counts its
 # hunks: not run by the port's test run while the port itself marks the figures stale.
 COVERAGE_CHECK = "tests/unit/test_gaudi_fix_manifests.py::test_manifest_coverage_counts_the_current_hunks"
@@ -82,13 +85,16 @@ def directory_reader(root):
         if os.path.isfile(full):
             with open(full, "rb") as f:
                 return f.read()
+
     return read
 
 
 def git_reader(tree, commits):
     """`git show COMMIT:path` for each commit written_against names, if tree is in a git repository."""
-    if not commits or subprocess.run(["git", "-C", tree, "rev-parse", "--git-dir"],
-                                     capture_output=True).returncode != 0:
+    if (
+        not commits
+        or subprocess.run(["git", "-C", tree, "rev-parse", "--git-dir"], capture_output=True).returncode != 0
+    ):
         return None
 
     def read(path, want):
@@ -96,6 +102,7 @@ def git_reader(tree, commits):
             out = subprocess.run(["git", "-C", tree, "show", f"{commit}:./{path}"], capture_output=True)
             if out.returncode == 0 and sha256(out.stdout) == want:
                 return out.stdout
+
     return read
 
 
@@ -132,9 +139,11 @@ def find_originals(wanted, bases, archives, tree=None, commits=()):
         else:
             missing.append(f"{path} (sha256 {want})")
     if missing:
-        raise BadInput(f"no copy of the upstream file(s) the pack was written against: {'; '.join(missing)}; "
-                       f"looked in: {', '.join(w for w, _ in readers)}; pass --base DIR (a vllm-gaudi tree of "
-                       f"{', '.join(commits) or 'that commit'}) or --archives DIR")
+        raise BadInput(
+            f"no copy of the upstream file(s) the pack was written against: {'; '.join(missing)}; "
+            f"looked in: {', '.join(w for w, _ in readers)}; pass --base DIR (a vllm-gaudi tree of "
+            f"{', '.join(commits) or 'that commit'}) or --archives DIR"
+        )
     return found
 
 
@@ -157,8 +166,10 @@ def stack(fixes, upstream):
             except aa.HunkError as err:
                 notes = [str(err)]
             if notes:
-                raise BadInput(f"fix {fix['name']}: {path}: {notes[0]}: its diff is not made on top of the "
-                               "fixes before it in pack order, on the file its pre_sha256 names")
+                raise BadInput(
+                    f"fix {fix['name']}: {path}: {notes[0]}: its diff is not made on top of the "
+                    "fixes before it in pack order, on the file its pre_sha256 names"
+                )
             images[fix["name"], path] = (current[path], after)
             current[path] = after
     return images
@@ -216,13 +227,18 @@ def context_changes(pre, hunks):
     changes = []
     for hunk in hunks:
         old = hunk.side(False)
-        if any(pre[i:i + len(old)] == old for i in range(len(pre) - len(old) + 1)):
+        if any(pre[i : i + len(old)] == old for i in range(len(pre) - len(old) + 1)):
             continue  # found as it is, at its line or moved
         start = (aa.best_match(pre, old, hunk.old_start - 1) or (hunk.old_start - 1,))[0]
-        diff = list(difflib.ndiff(old, pre[max(start, 0):start + len(old)]))
-        changes.append({"hunk": hunk.header, "line": start + 1,
-                        "base": [d[2:] for d in diff if d.startswith("- ")],
-                        "upstream": [d[2:] for d in diff if d.startswith("+ ")]})
+        diff = list(difflib.ndiff(old, pre[max(start, 0) : start + len(old)]))
+        changes.append(
+            {
+                "hunk": hunk.header,
+                "line": start + 1,
+                "base": [d[2:] for d in diff if d.startswith("- ")],
+                "upstream": [d[2:] for d in diff if d.startswith("+ ")],
+            }
+        )
     return changes
 
 
@@ -248,16 +264,20 @@ def rebase(fixes, images, new_tree, label, accept_merge=False):
             entry = files[path] = {"pre": pre, "post": merged}
             changed = [] if count else context_changes(pre, hunks)
             if count or (changed and not accept_merge):
-                entry.update(state="conflict", kind="overlap" if count else "context",
-                             conflicts=conflicts_in(merged, labels) if count else changed)
+                entry.update(
+                    state="conflict",
+                    kind="overlap" if count else "context",
+                    conflicts=conflicts_in(merged, labels) if count else changed,
+                )
                 continue
             try:
                 as_is, notes = aa.apply_hunks(pre, hunks)
             except aa.HunkError:
                 as_is, notes = None, ["does not apply as it is"]
             entry["state"] = "exact" if not notes and as_is == merged else "rebased"
-            entry["moved"] = moved(hunks, aa.parse_diff(unified(path, pre, merged), path)[path]) \
-                if merged != pre else "no change"
+            entry["moved"] = (
+                moved(hunks, aa.parse_diff(unified(path, pre, merged), path)[path]) if merged != pre else "no change"
+            )
             entry["accepted"] = changed  # context changes taken with accept_merge
             ported[path] = merged
         states = {f["state"] for f in files.values()}
@@ -267,9 +287,13 @@ def rebase(fixes, images, new_tree, label, accept_merge=False):
         else:  # the later fixes on any of its files are stacked on it
             for path, f in files.items():
                 if path not in blocked:
-                    blocked[path] = (name, f"{name} conflicts in this file" if f["state"] == "conflict" else
-                                     f"{name}, before it in pack order, edits this file and is not ported "
-                                     f"(it {'conflicts' if state == 'conflict' else 'is blocked'})")
+                    blocked[path] = (
+                        name,
+                        f"{name} conflicts in this file"
+                        if f["state"] == "conflict"
+                        else f"{name}, before it in pack order, edits this file and is not ported "
+                        f"(it {'conflicts' if state == 'conflict' else 'is blocked'})",
+                    )
         results.append({"fix": fix, "state": state, "files": files})
     return results
 
@@ -290,8 +314,13 @@ def keeps_manifest(result, upstream_sha):
 
 def stale_coverage(results, upstream_sha):
     """The ported fixes whose fix.json records a hunk coverage that the port makes stale."""
-    return [r["fix"]["name"] for r in results if r["state"] in ("exact", "rebased")
-            and "hunk_coverage" in r["fix"]["json"] and not keeps_manifest(r, upstream_sha)]
+    return [
+        r["fix"]["name"]
+        for r in results
+        if r["state"] in ("exact", "rebased")
+        and "hunk_coverage" in r["fix"]["json"]
+        and not keeps_manifest(r, upstream_sha)
+    ]
 
 
 def ported_manifest(result, label, upstream_sha, on_top, tested):
@@ -305,17 +334,20 @@ def ported_manifest(result, label, upstream_sha, on_top, tested):
     meta["written_against"] = (
         f"vllm-gaudi {label}: ported by scripts/port-fixes.py ({STATES[result['state']]}, git merge-file) "
         f"from the diff made against {aa.short_source(fix)}"
-        + (f" (on top of {', '.join(on_top)}, which precede it in pack order)" if on_top else ""))
-    meta["verified"] = (f"Ported to vllm-gaudi {label} by scripts/port-fixes.py; scripts/check-fixes.sh there "
-                        f"with the ported pack: {tested}. Before the port, against {aa.short_source(fix)}: "
-                        + fix["verified"])
+        + (f" (on top of {', '.join(on_top)}, which precede it in pack order)" if on_top else "")
+    )
+    meta["verified"] = (
+        f"Ported to vllm-gaudi {label} by scripts/port-fixes.py; scripts/check-fixes.sh there "
+        f"with the ported pack: {tested}. Before the port, against {aa.short_source(fix)}: " + fix["verified"]
+    )
     meta["pre_sha256"] = new_sha
     if "hunk_coverage" in meta:  # measured on the files the fix was written against, hunk by hunk
         figure = meta["hunk_coverage"].partition(STALE_COVERAGE)[2] or meta["hunk_coverage"]
         meta["hunk_coverage"] = (
             f"not re-recorded since the port to vllm-gaudi {label}: a port changes the files the hunks are tested "
             f"on and can regroup the hunks; {RECORD_COVERAGE.format(tree=f'<vllm-gaudi {label}>')}{STALE_COVERAGE}"
-            f"{figure}")
+            f"{figure}"
+        )
     if "post_sha256" in meta:  # a pack whose fix.json records it: the file after this fix, in pack order
         meta["post_sha256"] = {p: sha256(aa.encode(files[p]["post"])) for p in fix["files"]}
     return meta
@@ -327,7 +359,7 @@ def write_fixes(out, results, label, upstream_sha, tests=None):
     one gets conflict/PATH (git's merge) and conflict/PATH.before (the file it merged into)."""
     for result in results:
         fix, folder = result["fix"], os.path.join(out, result["fix"]["name"])
-        on_top = [r["fix"]["name"] for r in results[:results.index(result)] if set(r["files"]) & set(fix["files"])]
+        on_top = [r["fix"]["name"] for r in results[: results.index(result)] if set(r["files"]) & set(fix["files"])]
         if result["state"] in ("conflict", "blocked"):
             for name in ("fix.json", "fix.diff"):
                 if os.path.exists(os.path.join(folder, name)):
@@ -358,8 +390,11 @@ def record(results, label, upstream_sha, tests):
     for r in results:
         files = {}
         for path, f in r["files"].items():
-            entry = files[path] = {"state": f["state"], "pre_sha256": upstream_sha[path],
-                                   "before_sha256": sha256(aa.encode(f["pre"]))}
+            entry = files[path] = {
+                "state": f["state"],
+                "pre_sha256": upstream_sha[path],
+                "before_sha256": sha256(aa.encode(f["pre"])),
+            }
             if f["state"] in ("exact", "rebased"):
                 entry["post_sha256"] = sha256(aa.encode(f["post"]))
             for key in ("by", "kind", "conflicts", "accepted"):
@@ -373,11 +408,16 @@ def verify(out, fixes, tree):
     """The new pack, read back by the applier, applies to the new tree at its stated lines."""
     ported = [aa.load_fix(out, f["name"], f["opt_in"]) for f in fixes]
     _, report, _ = aa.plan(ported, tree)
-    bad = [f"{e['fix']['name']}: {line}" for e in report if e["state"] != "apply" or e["notes"]
-           for line in e["errors"] + e["notes"]]
+    bad = [
+        f"{e['fix']['name']}: {line}"
+        for e in report
+        if e["state"] != "apply" or e["notes"]
+        for line in e["errors"] + e["notes"]
+    ]
     if bad:
-        raise aa.Failure("the ported pack does not apply exactly to the new tree (a bug of port-fixes): "
-                         + "; ".join(bad))
+        raise aa.Failure(
+            "the ported pack does not apply exactly to the new tree (a bug of port-fixes): " + "; ".join(bad)
+        )
 
 
 # ---------------------------------------------------------------- the fixes' tests
@@ -403,11 +443,17 @@ def run_tests(out, tree, python, log, repo=REPO, deselect=()):
         env = dict(os.environ, PYTHON=python, PYTEST_ADDOPTS=" ".join(addopts).strip())
         started = time.monotonic()
         with open(log, "w", encoding="utf-8") as f:
-            proc = subprocess.run([os.path.join(scratch, "scripts", "check-fixes.sh"), tree], env=env,
-                                  stdout=f, stderr=subprocess.STDOUT)
-        tests = {"command": "scripts/check-fixes.sh", "python": python, "exit": proc.returncode,
-                 "seconds": round(time.monotonic() - started), "modules": junit_modules(junit),
-                 "deselected": list(deselect)}
+            proc = subprocess.run(
+                [os.path.join(scratch, "scripts", "check-fixes.sh"), tree], env=env, stdout=f, stderr=subprocess.STDOUT
+            )
+        tests = {
+            "command": "scripts/check-fixes.sh",
+            "python": python,
+            "exit": proc.returncode,
+            "seconds": round(time.monotonic() - started),
+            "modules": junit_modules(junit),
+            "deselected": list(deselect),
+        }
         for module, counts in tests["modules"].items():
             counts["fixes"] = fixes_named(os.path.join(repo, "tests", "unit", module + ".py"), out)
         return tests
@@ -418,6 +464,7 @@ def run_tests(out, tree, python, log, repo=REPO, deselect=()):
 def junit_modules(path):
     """{test module: {passed, failed, skipped, reasons}} from pytest's junit XML (absent: {})."""
     import xml.etree.ElementTree as ET
+
     if not os.path.exists(path):
         return {}
     modules = {}
@@ -443,7 +490,9 @@ def fixes_named(module_path, pack):
         return []
     with open(module_path, encoding="utf-8") as f:
         text = f.read()
-    return sorted({m for m in re.findall(r'"([a-z0-9]+(?:-[a-z0-9]+)+)"', text) if os.path.isdir(os.path.join(pack, m))})
+    return sorted(
+        {m for m in re.findall(r'"([a-z0-9]+(?:-[a-z0-9]+)+)"', text) if os.path.isdir(os.path.join(pack, m))}
+    )
 
 
 def counts_text(c):
@@ -468,16 +517,22 @@ def print_report(results):
             elif f["state"] == "blocked":
                 print(f"      {path}: not ported: {f['reason']}; resolve that first")
             for c in f.get("accepted", []):
-                print(f"      {path}: hunk {c['hunk']}: upstream changed its context; git's merge taken "
-                      "(--accept-merge)")
+                print(
+                    f"      {path}: hunk {c['hunk']}: upstream changed its context; git's merge taken (--accept-merge)"
+                )
             for c in f.get("conflicts", []):
                 if f["kind"] == "overlap":
                     print(f"      {path}: git merge-file conflict at line {c['line']} of the new tree's file:")
-                    parts = (("upstream", "upstream now"), ("base", "the fix was made against"),
-                             ("fix", "the fix wants"))
+                    parts = (
+                        ("upstream", "upstream now"),
+                        ("base", "the fix was made against"),
+                        ("fix", "the fix wants"),
+                    )
                 else:
-                    print(f"      {path}: hunk {c['hunk']}: upstream changed lines of its context, now near line "
-                          f"{c['line']} (git merges it cleanly; review, then --accept-merge takes that merge):")
+                    print(
+                        f"      {path}: hunk {c['hunk']}: upstream changed lines of its context, now near line "
+                        f"{c['line']} (git merges it cleanly; review, then --accept-merge takes that merge):"
+                    )
                     parts = (("base", "the fix was made against"), ("upstream", "upstream now"))
                 for part, title in parts:
                     print(f"        {title}:")
@@ -492,8 +547,10 @@ def print_tests(tests, log):
         print(f"tests: check-fixes exit {tests['exit']} before any test ran; see {log}")
         return
     verdict = "passed" if tests["exit"] == 0 else f"FAILED (exit {tests['exit']})"
-    print(f"tests: scripts/check-fixes.sh on the new tree with the ported pack, {tests['python']}: "
-          f"{verdict} in {tests['seconds']} s; log {log}")
+    print(
+        f"tests: scripts/check-fixes.sh on the new tree with the ported pack, {tests['python']}: "
+        f"{verdict} in {tests['seconds']} s; log {log}"
+    )
     for module, c in sorted(tests["modules"].items()):
         print(f"  {module + '.py':<36} {counts_text(c):<32} ({', '.join(c['fixes'])})")
         for reason in c["reasons"]:
@@ -505,13 +562,14 @@ def print_tests(tests, log):
 def default_label(tree):
     """The new tree's git commit, else its directory name (a snapshot's parent, e.g.
     vllm-gaudi-releases-v0.26.0-b059f9c9/vllm-gaudi gives releases-v0.26.0-b059f9c9)."""
-    out = subprocess.run(["git", "-C", tree, "describe", "--always", "--tags", "--dirty"],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        ["git", "-C", tree, "describe", "--always", "--tags", "--dirty"], capture_output=True, text=True
+    )
     if out.returncode == 0 and out.stdout.strip():
         return out.stdout.strip()
     name = os.path.basename(tree)
     name = os.path.basename(os.path.dirname(tree)) if name == "vllm-gaudi" else name
-    return name[len("vllm-gaudi-"):] if name.startswith("vllm-gaudi-") else name
+    return name[len("vllm-gaudi-") :] if name.startswith("vllm-gaudi-") else name
 
 
 # ---------------------------------------------------------------- the command
@@ -531,8 +589,10 @@ def load_pack(pack, profile):
     for fix in fixes:
         for path, want in fix["pre_sha256"].items():
             if wanted.setdefault(path, want) != want:
-                raise BadInput(f"fix {fix['name']}: pre_sha256 of {path} is {want}, but an earlier fix names "
-                               f"{wanted[path]}: the pack's fixes must agree on the upstream file")
+                raise BadInput(
+                    f"fix {fix['name']}: pre_sha256 of {path} is {want}, but an earlier fix names "
+                    f"{wanted[path]}: the pack's fixes must agree on the upstream file"
+                )
     return prof, fixes, wanted
 
 
@@ -570,27 +630,43 @@ def port(args):
         ported = [r["fix"] for r in results if r["state"] in ("exact", "rebased")]
         if ported:
             verify(staged, ported, tree)
-            print(f"written: {', '.join(f['name'] for f in ported)} ({len(ported)} of {len(fixes)} fixes); checked: "
-                  f"{'it applies' if len(ported) == 1 else 'they apply'} exactly to the new tree at the stated lines")
+            print(
+                f"written: {', '.join(f['name'] for f in ported)} ({len(ported)} of {len(fixes)} fixes); checked: "
+                f"{'it applies' if len(ported) == 1 else 'they apply'} exactly to the new tree at the stated lines"
+            )
         stale = stale_coverage(results, upstream_sha)
         if clean and not args.no_tests:
-            tests = run_tests(staged, tree, args.python, os.path.join(staged, "check-fixes.log"),
-                              deselect=[COVERAGE_CHECK] if stale else [])
+            tests = run_tests(
+                staged,
+                tree,
+                args.python,
+                os.path.join(staged, "check-fixes.log"),
+                deselect=[COVERAGE_CHECK] if stale else [],
+            )
             write_fixes(staged, results, label, upstream_sha, tests)  # verified names the test run
             print_tests(tests, os.path.join(out, "check-fixes.log"))
         else:
             print("tests: not run (" + ("--no-tests" if clean else "resolve the conflicts first") + ")")
         if stale:
-            print(f"hunk coverage: not re-recorded for {', '.join(stale)} (their fix.json says so): "
-                  + RECORD_COVERAGE.format(tree=tree))
+            print(
+                f"hunk coverage: not re-recorded for {', '.join(stale)} (their fix.json says so): "
+                + RECORD_COVERAGE.format(tree=tree)
+            )
         with open(os.path.join(staged, "port.json"), "w", encoding="utf-8") as f:
             f.write(json.dumps(record(results, label, upstream_sha, tests), indent=2, sort_keys=True) + "\n")
         os.replace(staged, out)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     code = 0 if clean and (tests is None or tests["exit"] == 0) else 1
-    print(f"wrote {out}" + ("" if clean else " (incomplete: a conflicting fix has conflict/ in place of "
-                                             "fix.diff and fix.json; the applier refuses this pack)"))
+    print(
+        f"wrote {out}"
+        + (
+            ""
+            if clean
+            else " (incomplete: a conflicting fix has conflict/ in place of "
+            "fix.diff and fix.json; the applier refuses this pack)"
+        )
+    )
     if args.in_place and code == 0:
         for r in results:
             for name in ("fix.diff", "fix.json"):
@@ -605,19 +681,33 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("vllm_gaudi_src", metavar="VLLM_GAUDI_SRC", help="the vllm-gaudi tree to port to")
     parser.add_argument("--out", help="new pack directory (must not exist; default .build/ported/LABEL)")
-    parser.add_argument("--in-place", action="store_true",
-                        help="also copy the ported fix files into --pack, if every fix ports and its tests pass")
+    parser.add_argument(
+        "--in-place",
+        action="store_true",
+        help="also copy the ported fix files into --pack, if every fix ports and its tests pass",
+    )
     parser.add_argument("--pack", default=PACK, help="the pack to port (default: patches/)")
     parser.add_argument("--profile", default="v0.30.0", help="its profile (default v0.30.0)")
-    parser.add_argument("--base", action="append", default=[], metavar="DIR",
-                        help="a vllm-gaudi tree holding the files the pack was written against")
+    parser.add_argument(
+        "--base",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a vllm-gaudi tree holding the files the pack was written against",
+    )
     parser.add_argument("--archives", default=ARCHIVES, help=f"snapshot .tar.gz directory (default {ARCHIVES})")
     parser.add_argument("--label", help="names the new tree in written_against (default: git describe or dir name)")
-    parser.add_argument("--accept-merge", action="store_true",
-                        help="take git's clean merge where upstream changed a fix's context lines")
+    parser.add_argument(
+        "--accept-merge",
+        action="store_true",
+        help="take git's clean merge where upstream changed a fix's context lines",
+    )
     parser.add_argument("--no-tests", action="store_true", help="do not run check-fixes on the result")
-    parser.add_argument("--python", default=os.environ.get("PYTHON") or "python3",
-                        help="python for the tests (default $PYTHON or python3)")
+    parser.add_argument(
+        "--python",
+        default=os.environ.get("PYTHON") or "python3",
+        help="python for the tests (default $PYTHON or python3)",
+    )
     args = parser.parse_args(argv)
     args.pack = os.path.abspath(args.pack)
     try:

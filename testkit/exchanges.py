@@ -10,6 +10,7 @@ have read it. The model stops on `stop` (an id of generation_config's eos_token_
         status, answer = post(ex.path, ex.body(served_model_name))
         problem = ex.mismatch(answer)      # None, or one line saying what differs
 """
+
 from __future__ import annotations
 
 import copy
@@ -19,15 +20,28 @@ from dataclasses import dataclass
 from . import media
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
-GREEDY = {"temperature": 0, "max_tokens": 64}   # every output fits with room to spare
+GREEDY = {"temperature": 0, "max_tokens": 64}  # every output fits with room to spare
 
-GET_WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Weather for a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
-SEND_MESSAGE = {"type": "function", "function": {
-    "name": "send_message", "description": "Send a text message",
-    "parameters": {"type": "object", "properties": {"to": {"type": "string"}, "text": {"type": "string"}},
-                   "required": ["to", "text"]}}}
+GET_WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+SEND_MESSAGE = {
+    "type": "function",
+    "function": {
+        "name": "send_message",
+        "description": "Send a text message",
+        "parameters": {
+            "type": "object",
+            "properties": {"to": {"type": "string"}, "text": {"type": "string"}},
+            "required": ["to", "text"],
+        },
+    },
+}
 TOOLS = [GET_WEATHER, SEND_MESSAGE]
 
 # vLLM's gemma4 converter writes arguments with json.dumps(ensure_ascii=False) in the order the model
@@ -40,9 +54,9 @@ QUOTE_ARGS = json.dumps({"to": "Bob", "text": 'She said "hi".'}, ensure_ascii=Fa
 class Exchange:
     name: str
     path: str
-    request: dict          # the body without "model"
-    output: str            # what the model generates, up to (not including) its stop token
-    expected: dict         # the answer's fields: text | content, reasoning, tool_calls; finish_reason
+    request: dict  # the body without "model"
+    output: str  # what the model generates, up to (not including) its stop token
+    expected: dict  # the answer's fields: text | content, reasoning, tool_calls; finish_reason
     stop: str = "<turn|>"
     # Completions only: what the model continues when the prompt has no <bos> (a server without
     # the BOS tokenizer copy). A stand-in for the real model's degraded output without <bos>,
@@ -58,11 +72,15 @@ class Exchange:
         if self.path == COMPLETIONS:
             return {"text": choice["text"], "finish_reason": choice["finish_reason"]}
         message = choice["message"]
-        return {"content": message.get("content"),
-                "reasoning": message.get("reasoning", message.get("reasoning_content")),
-                "tool_calls": [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
-                               for c in message.get("tool_calls") or []],
-                "finish_reason": choice["finish_reason"]}
+        return {
+            "content": message.get("content"),
+            "reasoning": message.get("reasoning", message.get("reasoning_content")),
+            "tool_calls": [
+                {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+                for c in message.get("tool_calls") or []
+            ],
+            "finish_reason": choice["finish_reason"],
+        }
 
     def mismatch(self, response: dict) -> str | None:
         """None when the response is exactly the scripted answer, else what differs."""
@@ -76,9 +94,13 @@ class Exchange:
 
 def _chat(name, messages, output, content=None, reasoning=None, tool_calls=(), **request) -> Exchange:
     finish = "tool_calls" if tool_calls else "stop"
-    return Exchange(name, CHAT, {"messages": messages, **request, **GREEDY}, output,
-                    {"content": content, "reasoning": reasoning, "tool_calls": list(tool_calls),
-                     "finish_reason": finish})
+    return Exchange(
+        name,
+        CHAT,
+        {"messages": messages, **request, **GREEDY},
+        output,
+        {"content": content, "reasoning": reasoning, "tool_calls": list(tool_calls), "finish_reason": finish},
+    )
 
 
 def _user(*parts):
@@ -97,38 +119,83 @@ WEATHER_QUESTION = "What is the weather in Paris?"
 
 EXCHANGES: list[Exchange] = [
     _chat("chat", _user("What is the capital of France?"), "Paris.", content="Paris."),
-    Exchange("completion", COMPLETIONS, {"prompt": "The capital of France is", **GREEDY},
-             " Paris.", {"text": " Paris.", "finish_reason": "stop"}, stop="<eos>",
-             output_without_bos=" unknown (no BOS)."),
-    _chat("thinking", _user("Is the sky blue?"),
-          "<|channel>thought\nAir scatters blue light most.<channel|>Yes.",
-          content="Yes.", reasoning="Air scatters blue light most.",
-          chat_template_kwargs={"enable_thinking": True}),
-    _chat("tool_call", _user(WEATHER_QUESTION),
-          '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>',
-          tool_calls=[{"name": "get_weather", "arguments": WEATHER_ARGS}], tools=TOOLS, tool_choice="auto"),
+    Exchange(
+        "completion",
+        COMPLETIONS,
+        {"prompt": "The capital of France is", **GREEDY},
+        " Paris.",
+        {"text": " Paris.", "finish_reason": "stop"},
+        stop="<eos>",
+        output_without_bos=" unknown (no BOS).",
+    ),
+    _chat(
+        "thinking",
+        _user("Is the sky blue?"),
+        "<|channel>thought\nAir scatters blue light most.<channel|>Yes.",
+        content="Yes.",
+        reasoning="Air scatters blue light most.",
+        chat_template_kwargs={"enable_thinking": True},
+    ),
+    _chat(
+        "tool_call",
+        _user(WEATHER_QUESTION),
+        '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>',
+        tool_calls=[{"name": "get_weather", "arguments": WEATHER_ARGS}],
+        tools=TOOLS,
+        tool_choice="auto",
+    ),
     # Gemma 4 escapes a quote inside its own <|"|> string delimiters as \" (JSON habit); the
     # gemma4-buffered-tool-args fix turns it back into a plain quote. Without the fix the
     # arguments keep the backslashes.
-    _chat("tool_call_quote", _user('Send Bob: She said "hi".'),
-          '<|tool_call>call:send_message{to:<|"|>Bob<|"|>,text:<|"|>She said \\"hi\\".<|"|>}<tool_call|>',
-          tool_calls=[{"name": "send_message", "arguments": QUOTE_ARGS}], tools=TOOLS, tool_choice="auto"),
-    _chat("tool_result", [
-        *_user(WEATHER_QUESTION),
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": WEATHER_ARGS}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"}],
-        "Sunny and 21 C in Paris.", content="Sunny and 21 C in Paris.", tools=TOOLS, tool_choice="auto"),
+    _chat(
+        "tool_call_quote",
+        _user('Send Bob: She said "hi".'),
+        '<|tool_call>call:send_message{to:<|"|>Bob<|"|>,text:<|"|>She said \\"hi\\".<|"|>}<tool_call|>',
+        tool_calls=[{"name": "send_message", "arguments": QUOTE_ARGS}],
+        tools=TOOLS,
+        tool_choice="auto",
+    ),
+    _chat(
+        "tool_result",
+        [
+            *_user(WEATHER_QUESTION),
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": WEATHER_ARGS}}
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"},
+        ],
+        "Sunny and 21 C in Paris.",
+        content="Sunny and 21 C in Paris.",
+        tools=TOOLS,
+        tool_choice="auto",
+    ),
     # Two images and two sounds with the same question: only the vision or audio tower's output
     # tells the answers apart.
-    _chat("image_red", _user(_image((255, 0, 0)), {"type": "text", "text": "What colour is this?"}),
-          "Red.", content="Red."),
-    _chat("image_blue", _user(_image((0, 0, 255)), {"type": "text", "text": "What colour is this?"}),
-          "Blue.", content="Blue."),
-    _chat("audio_low", _user(_audio(220), {"type": "text", "text": "Is this tone high or low?"}),
-          "Low.", content="Low."),
-    _chat("audio_high", _user(_audio(2000), {"type": "text", "text": "Is this tone high or low?"}),
-          "High.", content="High."),
+    _chat(
+        "image_red",
+        _user(_image((255, 0, 0)), {"type": "text", "text": "What colour is this?"}),
+        "Red.",
+        content="Red.",
+    ),
+    _chat(
+        "image_blue",
+        _user(_image((0, 0, 255)), {"type": "text", "text": "What colour is this?"}),
+        "Blue.",
+        content="Blue.",
+    ),
+    _chat(
+        "audio_low", _user(_audio(220), {"type": "text", "text": "Is this tone high or low?"}), "Low.", content="Low."
+    ),
+    _chat(
+        "audio_high",
+        _user(_audio(2000), {"type": "text", "text": "Is this tone high or low?"}),
+        "High.",
+        content="High.",
+    ),
 ]
 
 BY_NAME = {ex.name: ex for ex in EXCHANGES}

@@ -1,4 +1,5 @@
 """Greedy decoding of the scripted prompts with transformers, and the check that it is exact."""
+
 from __future__ import annotations
 
 from .prompts import Prompt
@@ -12,12 +13,20 @@ def media_for(model, prompt: Prompt) -> dict:
 def generate(model, prompt: Prompt, extra_tokens: int = 8) -> list[int]:
     """Greedy ids after the prompt, stopping on an eos id (generation_config: <eos>, <turn|>)."""
     import torch
+
     ids = torch.tensor([prompt.prompt_ids])
     with torch.no_grad():
-        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **media_for(model, prompt),
-                             do_sample=False, top_k=None, top_p=None, temperature=None,
-                             max_new_tokens=len(prompt.target_ids) + extra_tokens)
-    return out[0, ids.shape[1]:].tolist()
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            **media_for(model, prompt),
+            do_sample=False,
+            top_k=None,
+            top_p=None,
+            temperature=None,
+            max_new_tokens=len(prompt.target_ids) + extra_tokens,
+        )
+    return out[0, ids.shape[1] :].tolist()
 
 
 def mismatches(model, prompts: list[Prompt], decode) -> list[str]:
@@ -26,6 +35,7 @@ def mismatches(model, prompts: list[Prompt], decode) -> list[str]:
     for p in prompts:
         got = generate(model, p)
         if got != p.target_ids:
-            problems.append(f"{p.exchange} ({p.template}, {model.dtype}): {decode(got)!r}, "
-                            f"expected {decode(p.target_ids)!r}")
+            problems.append(
+                f"{p.exchange} ({p.template}, {model.dtype}): {decode(got)!r}, expected {decode(p.target_ids)!r}"
+            )
     return problems

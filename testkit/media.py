@@ -6,15 +6,16 @@ Solid colours and pure tones also keep the model's inputs the same whichever dec
 backend reads them (PIL on the training host, torchvision inside the image): every pixel of a
 resized solid image keeps its colour.
 """
+
 from __future__ import annotations
 
 import base64
 
 from gemma4_images.image_code import gemma4_serve
 
-IMAGE_SIZE = 32            # pixels a side; vLLM and the processor give it 256 soft tokens
-SAMPLE_RATE = 16000        # the feature extractor's rate, so nothing is resampled
-TONE_SECONDS = 0.5         # 13 audio soft tokens
+IMAGE_SIZE = 32  # pixels a side; vLLM and the processor give it 256 soft tokens
+SAMPLE_RATE = 16000  # the feature extractor's rate, so nothing is resampled
+TONE_SECONDS = 0.5  # 13 audio soft tokens
 
 
 def png(rgb: tuple[int, int, int], size: int = IMAGE_SIZE) -> bytes:

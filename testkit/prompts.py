@@ -21,6 +21,7 @@ examples/tool_chat_template_gemma4.jinja, from the pinned source release), which
 tokenizer's own. The folder's own template (tiny_gemma4.CHAT_TEMPLATE) is what vLLM renders with
 when the launch names none, and what transformers' apply_chat_template uses.
 """
+
 from __future__ import annotations
 
 import base64
@@ -41,11 +42,12 @@ TARGET = "xeon6"  # the CPU tier: the target that serves the tiny model
 @dataclass
 class Prompt:
     """One training/evaluation sequence: prompt ids, the ids the model must generate, media."""
+
     exchange: str
-    template: str                       # "served" | "folder" | "completion" | "completion_without_bos"
+    template: str  # "served" | "folder" | "completion" | "completion_without_bos"
     prompt_ids: list[int]
-    target_ids: list[int]               # the output's ids followed by the stop id
-    media: dict = field(default_factory=dict)   # keyword arguments for the model's forward
+    target_ids: list[int]  # the output's ids followed by the stop id
+    media: dict = field(default_factory=dict)  # keyword arguments for the model's forward
 
 
 def served_template() -> str:
@@ -68,6 +70,7 @@ def templates() -> dict[str, str]:
 
 def load_tokenizer(folder: Path):
     from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(str(folder))
 
 
@@ -80,8 +83,13 @@ def conversation(messages: list[dict]) -> list[dict]:
         parsed = []
         for part in parts:
             kind = part["type"]
-            parsed.append({"type": "text", "text": part["text"]} if kind == "text" else
-                          {"type": "image"} if kind == "image_url" else {"type": "audio"})
+            parsed.append(
+                {"type": "text", "text": part["text"]}
+                if kind == "text"
+                else {"type": "image"}
+                if kind == "image_url"
+                else {"type": "audio"}
+            )
         msg = {"role": message["role"], "content": parsed}
         if message["role"] == "tool":
             msg["content"] = "\n".join(p["text"] for p in parsed)
@@ -102,11 +110,13 @@ def _decode_media(part: dict):
     """The PIL image or float waveform vLLM decodes from a request part."""
     if part["type"] == "image_url":
         from PIL import Image
+
         data = base64.b64decode(part["image_url"]["url"].split(",", 1)[1])
         return "image", Image.open(io.BytesIO(data)).convert("RGB")
     import wave
 
     import numpy as np
+
     with wave.open(io.BytesIO(base64.b64decode(part["input_audio"]["data"]))) as w:
         samples = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
     return "audio", samples.astype(np.float32) / 32768.0
@@ -133,12 +143,18 @@ class Renderer:
     def chat_text(self, ex: Exchange, template: str) -> str:
         request = ex.request
         return self.tokenizer.apply_chat_template(
-            conversation(request["messages"]), tools=request.get("tools"), chat_template=self.chat_templates[template],
-            add_generation_prompt=True, tokenize=False, **request.get("chat_template_kwargs", {}))
+            conversation(request["messages"]),
+            tools=request.get("tools"),
+            chat_template=self.chat_templates[template],
+            add_generation_prompt=True,
+            tokenize=False,
+            **request.get("chat_template_kwargs", {}),
+        )
 
     def _media_inputs(self, ex: Exchange) -> tuple[list[tuple[str, int]], dict]:
         """(modality, soft tokens) per media part in prompt order, and the forward's media kwargs."""
         import torch
+
         counts, images, sounds = [], [], []
         for message in ex.request["messages"]:
             for part in message["content"] if isinstance(message.get("content"), list) else []:
@@ -165,7 +181,9 @@ class Renderer:
             ids = self.encode(ex.request["prompt"])
             out = [Prompt(ex.name, "completion", [IDS["<bos>"], *ids], self.target_ids(ex.output, ex.stop))]
             if ex.output_without_bos is not None:
-                out.append(Prompt(ex.name, "completion_without_bos", ids, self.target_ids(ex.output_without_bos, ex.stop)))
+                out.append(
+                    Prompt(ex.name, "completion_without_bos", ids, self.target_ids(ex.output_without_bos, ex.stop))
+                )
             return out
         placeholders, media = self._media_inputs(ex)
         out = []

@@ -23,32 +23,76 @@ VOCAB_SIZE = 512
 # Control tokens at the ids the real Gemma 4 tokenizer gives them, so code that hard-codes ids
 # (eos [1, 106], the tool and reasoning parsers' markers) behaves as it would on the real model.
 CONTROL_IDS = {
-    "<pad>": 0, "<eos>": 1, "<bos>": 2, "<unk>": 3, "<mask>": 4,
-    "<|tool>": 46, "<tool|>": 47, "<|tool_call>": 48, "<tool_call|>": 49,
-    "<|tool_response>": 50, "<tool_response|>": 51, '<|"|>': 52,
-    "<|think|>": 98, "<|channel>": 100, "<channel|>": 101, "<|turn>": 105, "<turn|>": 106,
+    "<pad>": 0,
+    "<eos>": 1,
+    "<bos>": 2,
+    "<unk>": 3,
+    "<mask>": 4,
+    "<|tool>": 46,
+    "<tool|>": 47,
+    "<|tool_call>": 48,
+    "<tool_call|>": 49,
+    "<|tool_response>": 50,
+    "<tool_response|>": 51,
+    '<|"|>': 52,
+    "<|think|>": 98,
+    "<|channel>": 100,
+    "<channel|>": 101,
+    "<|turn>": 105,
+    "<turn|>": 106,
     # Multimodal markers. The real ids are 255999/256000 (begin image/audio) and 258880-258884
     # (image/audio soft tokens, end image/audio, video), i.e. near the top of the vocabulary;
     # same shape here.
-    "<|image>": 255, "<|audio>": 256,
-    "<|image|>": 507, "<|audio|>": 508, "<image|>": 509, "<audio|>": 510, "<|video|>": 511,
+    "<|image>": 255,
+    "<|audio>": 256,
+    "<|image|>": 507,
+    "<|audio|>": 508,
+    "<image|>": 509,
+    "<audio|>": 510,
+    "<|video|>": 511,
 }
 NEWLINE_ID = 107  # "\n" is an ordinary (non-special) token at 107 in the real vocabulary too.
 
 # Named tokens the Gemma4Processor and parsers look up on the tokenizer (same keys as upstream).
 NAMED_TOKENS = {
-    "image_token": "<|image|>", "boi_token": "<|image>", "eoi_token": "<image|>",
-    "audio_token": "<|audio|>", "boa_token": "<|audio>", "eoa_token": "<audio|>",
-    "sot_token": "<|turn>", "eot_token": "<turn|>", "soc_token": "<|channel>", "eoc_token": "<channel|>",
-    "think_token": "<|think|>", "escape_token": '<|"|>',
-    "std_token": "<|tool>", "etd_token": "<tool|>", "stc_token": "<|tool_call>", "etc_token": "<tool_call|>",
-    "str_token": "<|tool_response>", "etr_token": "<tool_response|>",
+    "image_token": "<|image|>",
+    "boi_token": "<|image>",
+    "eoi_token": "<image|>",
+    "audio_token": "<|audio|>",
+    "boa_token": "<|audio>",
+    "eoa_token": "<audio|>",
+    "sot_token": "<|turn>",
+    "eot_token": "<turn|>",
+    "soc_token": "<|channel>",
+    "eoc_token": "<channel|>",
+    "think_token": "<|think|>",
+    "escape_token": '<|"|>',
+    "std_token": "<|tool>",
+    "etd_token": "<tool|>",
+    "stc_token": "<|tool_call>",
+    "etc_token": "<tool_call|>",
+    "str_token": "<|tool_response>",
+    "etr_token": "<tool_response|>",
 }
 
 # Words whose left-to-right merges fill the vocabulary left over after bytes and characters, so
 # chat scaffolding and common test prompts are a few tokens rather than one per character.
-MERGE_WORDS = ["user", "model", "system", "▁the", "call", "Hello", "ing", "▁is", "▁and", "▁of",
-               "▁to", "▁a", "thought", "▁weather"]
+MERGE_WORDS = [
+    "user",
+    "model",
+    "system",
+    "▁the",
+    "call",
+    "Hello",
+    "ing",
+    "▁is",
+    "▁and",
+    "▁of",
+    "▁to",
+    "▁a",
+    "thought",
+    "▁weather",
+]
 
 # Our own template in Gemma 4's turn format. Like the real one it starts with bos_token, which is
 # why a tokenizer that *also* adds <bos> on encode would double it on vLLM's chat path.
@@ -139,7 +183,10 @@ def tokenizer_config() -> dict:
         "backend": "tokenizers",
         "tokenizer_class": "GemmaTokenizer",
         "processor_class": "Gemma4Processor",
-        "bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>",
+        "bos_token": "<bos>",
+        "eos_token": "<eos>",
+        "pad_token": "<pad>",
+        "unk_token": "<unk>",
         "mask_token": "<mask>",
         "add_bos_token": False,  # the flaw, stated explicitly (upstream just omits the key)
         "add_eos_token": False,
@@ -159,19 +206,34 @@ def model_config():
 
     ids = CONTROL_IDS
     text = dict(
-        vocab_size=VOCAB_SIZE, vocab_size_per_layer_input=VOCAB_SIZE,
-        hidden_size=64, hidden_size_per_layer_input=16, intermediate_size=128,
+        vocab_size=VOCAB_SIZE,
+        vocab_size_per_layer_input=VOCAB_SIZE,
+        hidden_size=64,
+        hidden_size_per_layer_input=16,
+        intermediate_size=128,
         num_hidden_layers=4,
         # Both layer types must occur before the KV-shared tail: the shared layers reuse the cache
         # of the last earlier layer of their own type.
         layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
-        num_attention_heads=2, num_key_value_heads=1, head_dim=32, global_head_dim=64,
-        sliding_window=128, num_kv_shared_layers=2, use_double_wide_mlp=True,
-        final_logit_softcapping=30.0, pad_token_id=0, bos_token_id=2, eos_token_id=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        global_head_dim=64,
+        sliding_window=128,
+        num_kv_shared_layers=2,
+        use_double_wide_mlp=True,
+        final_logit_softcapping=30.0,
+        pad_token_id=0,
+        bos_token_id=2,
+        eos_token_id=1,
     )
     vision = dict(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=2, head_dim=32,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=32,
         # Upstream's 10240-entry position table is 2/3 of the tiny model; 1024 still covers the
         # longest side an image can get within the 280-token budget (840 patches).
         position_embedding_size=1024,
@@ -179,10 +241,17 @@ def model_config():
     )
     audio = dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=2, output_proj_dims=64)
     return Gemma4Config(
-        text_config=text, vision_config=vision, audio_config=audio,
-        boi_token_id=ids["<|image>"], eoi_token_id=ids["<image|>"], image_token_id=ids["<|image|>"],
-        video_token_id=ids["<|video|>"], boa_token_id=ids["<|audio>"], eoa_token_index=ids["<audio|>"],
-        audio_token_id=ids["<|audio|>"], architectures=["Gemma4ForConditionalGeneration"],
+        text_config=text,
+        vision_config=vision,
+        audio_config=audio,
+        boi_token_id=ids["<|image>"],
+        eoi_token_id=ids["<image|>"],
+        image_token_id=ids["<|image|>"],
+        video_token_id=ids["<|video|>"],
+        boa_token_id=ids["<|audio>"],
+        eoa_token_index=ids["<audio|>"],
+        audio_token_id=ids["<|audio|>"],
+        architectures=["Gemma4ForConditionalGeneration"],
     )
 
 
@@ -192,20 +261,48 @@ def processor_config() -> dict:
     Written as data so that generating the folder needs neither Pillow nor torchvision;
     loading the processor (as vLLM does) needs both.
     """
-    vision = dict(do_convert_rgb=True, do_rescale=True, do_resize=True, do_normalize=False,
-                  image_mean=[0.0, 0.0, 0.0], image_std=[1.0, 1.0, 1.0], patch_size=16,
-                  pooling_kernel_size=3, resample=3, rescale_factor=1 / 255)
+    vision = dict(
+        do_convert_rgb=True,
+        do_rescale=True,
+        do_resize=True,
+        do_normalize=False,
+        image_mean=[0.0, 0.0, 0.0],
+        image_std=[1.0, 1.0, 1.0],
+        patch_size=16,
+        pooling_kernel_size=3,
+        resample=3,
+        rescale_factor=1 / 255,
+    )
     return {
         "processor_class": "Gemma4Processor",
-        "image_seq_length": 280, "audio_seq_length": 750, "audio_ms_per_token": 40,
-        "image_processor": dict(vision, image_processor_type="Gemma4ImageProcessor",
-                                image_seq_length=280, max_soft_tokens=280),
-        "video_processor": dict(vision, video_processor_type="Gemma4VideoProcessor", do_normalize=True,
-                                do_sample_frames=True, num_frames=32, max_soft_tokens=70, return_metadata=False),
-        "feature_extractor": dict(feature_extractor_type="Gemma4AudioFeatureExtractor", feature_size=128,
-                                  sampling_rate=16000, padding_value=0.0, return_attention_mask=True,
-                                  frame_length_ms=20.0, hop_length_ms=10.0, min_frequency=0.0,
-                                  max_frequency=8000.0, mel_floor=1e-3, padding_side="right"),
+        "image_seq_length": 280,
+        "audio_seq_length": 750,
+        "audio_ms_per_token": 40,
+        "image_processor": dict(
+            vision, image_processor_type="Gemma4ImageProcessor", image_seq_length=280, max_soft_tokens=280
+        ),
+        "video_processor": dict(
+            vision,
+            video_processor_type="Gemma4VideoProcessor",
+            do_normalize=True,
+            do_sample_frames=True,
+            num_frames=32,
+            max_soft_tokens=70,
+            return_metadata=False,
+        ),
+        "feature_extractor": dict(
+            feature_extractor_type="Gemma4AudioFeatureExtractor",
+            feature_size=128,
+            sampling_rate=16000,
+            padding_value=0.0,
+            return_attention_mask=True,
+            frame_length_ms=20.0,
+            hop_length_ms=10.0,
+            min_frequency=0.0,
+            max_frequency=8000.0,
+            mel_floor=1e-3,
+            padding_side="right",
+        ),
     }
 
 
@@ -223,19 +320,25 @@ def write_tiny_gemma4(out_dir: str | Path, seed: int = 0) -> dict:
     # bfloat16: the dtype of the real checkpoint and what the recipes serve (--dtype bfloat16).
     model = model.to(torch.bfloat16)
     model.generation_config = GenerationConfig(
-        bos_token_id=2, pad_token_id=0,
+        bos_token_id=2,
+        pad_token_id=0,
         eos_token_id=[CONTROL_IDS["<eos>"], CONTROL_IDS["<turn|>"]],
         # Upstream's sampling defaults; vLLM applies them unless a request overrides them.
-        do_sample=True, temperature=1.0, top_k=64, top_p=0.95,
+        do_sample=True,
+        temperature=1.0,
+        top_k=64,
+        top_p=0.95,
     )
     model.save_pretrained(out, safe_serialization=True)
 
     build_tokenizer().save(str(out / "tokenizer.json"))
     config = tokenizer_config()
     _write_json(out / "tokenizer_config.json", config)
-    _write_json(out / "special_tokens_map.json",
-                {k: config[k] for k in ("bos_token", "eos_token", "pad_token", "unk_token", "mask_token")}
-                | {"additional_special_tokens": config["extra_special_tokens"]})
+    _write_json(
+        out / "special_tokens_map.json",
+        {k: config[k] for k in ("bos_token", "eos_token", "pad_token", "unk_token", "mask_token")}
+        | {"additional_special_tokens": config["extra_special_tokens"]},
+    )
     # transformers 5 and AutoProcessor read the template from this file; older readers from the
     # tokenizer_config key. Both come from the one constant.
     (out / "chat_template.jinja").write_text(CHAT_TEMPLATE, encoding="utf-8")

@@ -1,6 +1,7 @@
 """The tiny random-weight Gemma 4, made once per machine and cached: the starting point of the
 trained one (testkit.trained), the source of the tiny tokenizer that test images bake, and the
 model for tests that need weights nobody taught anything."""
+
 from pathlib import Path
 
 from gemma4_images.upstream import cache_dir

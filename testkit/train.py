@@ -13,11 +13,12 @@ the CPU image serves with and the folder's own, so the answers hold with and wit
 --chat-template. Saved in bfloat16, the checkpoint dtype of the real model; before anything is
 written, greedy decoding in bfloat16 and float32 must reproduce every scripted output exactly.
 """
+
 from __future__ import annotations
 
 import argparse
-import contextlib
 import ast
+import contextlib
 import hashlib
 import json
 import math
@@ -32,11 +33,11 @@ from testkit import tiny_gemma4
 from . import exchanges, greedy, prompts
 from .trained import FIXTURE, MANIFEST, SEED, WEIGHTS, assemble, replaceable
 
-LR = 1e-2              # peak; linear warm-up, then cosine decay to 0 at the last step
+LR = 1e-2  # peak; linear warm-up, then cosine decay to 0 at the last step
 WARMUP = 10
 STEPS = 150
-THREADS = 1            # fixed: CPU reductions' order (hence the bytes) depends on it; a second
-                       # thread mostly waits at barriers on these small matrices, more so on a busy machine
+THREADS = 1  # fixed: CPU reductions' order (hence the bytes) depends on it; a second
+# thread mostly waits at barriers on these small matrices, more so on a busy machine
 
 
 class TrainingFailed(Exception):
@@ -54,6 +55,7 @@ def inputs_digest(seqs: list[prompts.Prompt]) -> str:
     counts as its syntax tree without docstrings and imports, so comments, formatting and where a
     module is imported from do not make the fixture stale; any change to what runs does."""
     import torch
+
     h = hashlib.sha256(code_digest(Path(__file__).read_text()).encode())
     config = tiny_gemma4.model_config().to_dict()
     config.pop("transformers_version", None)
@@ -70,9 +72,16 @@ def code_digest(source: str) -> str:
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
         if isinstance(body, list):
-            node.body = [n for n in body if not isinstance(n, (ast.Import, ast.ImportFrom))
-                         and not (isinstance(n, ast.Expr) and isinstance(getattr(n, "value", None), ast.Constant)
-                                  and isinstance(n.value.value, str))] or [ast.Pass()]
+            node.body = [
+                n
+                for n in body
+                if not isinstance(n, (ast.Import, ast.ImportFrom))
+                and not (
+                    isinstance(n, ast.Expr)
+                    and isinstance(getattr(n, "value", None), ast.Constant)
+                    and isinstance(n.value.value, str)
+                )
+            ] or [ast.Pass()]
     return hashlib.sha256(ast.dump(tree).encode()).hexdigest()
 
 
@@ -83,7 +92,7 @@ def batches(seqs: list[prompts.Prompt]) -> list[list[prompts.Prompt]]:
     """Sequences of similar length together (right-padded: under causal attention the padding
     after a sequence changes nothing before it), a few forward passes a step instead of one each."""
     ordered = sorted(seqs, key=lambda p: len(p.prompt_ids) + len(p.target_ids))
-    return [ordered[i:i + BATCH] for i in range(0, len(ordered), BATCH)]
+    return [ordered[i : i + BATCH] for i in range(0, len(ordered), BATCH)]
 
 
 def _frozen_image_features(model, group):
@@ -91,37 +100,45 @@ def _frozen_image_features(model, group):
     attention over 2,520 patches would otherwise be most of a step's cost)."""
     import torch
     from transformers.modeling_outputs import BaseModelOutputWithPooling
+
     with torch.no_grad():
-        feats = [model.get_image_features(p.media["pixel_values"], p.media["image_position_ids"]).pooler_output[0]
-                 for p in group if "pixel_values" in p.media]
+        feats = [
+            model.get_image_features(p.media["pixel_values"], p.media["image_position_ids"]).pooler_output[0]
+            for p in group
+            if "pixel_values" in p.media
+        ]
     return {"image": BaseModelOutputWithPooling(pooler_output=tuple(feats))} if feats else None
 
 
 class Batch:
     def __init__(self, model, group: list[prompts.Prompt]):
         import torch
+
         length = max(len(p.prompt_ids) + len(p.target_ids) for p in group)
         self.ids = torch.full((len(group), length), tiny_gemma4.CONTROL_IDS["<pad>"])
         self.targets = []
         for row, p in enumerate(group):
             seq = p.prompt_ids + p.target_ids
-            self.ids[row, :len(seq)] = torch.tensor(seq)
-            start = len(p.prompt_ids) - 1       # the position that predicts the first target token
+            self.ids[row, : len(seq)] = torch.tensor(seq)
+            start = len(p.prompt_ids) - 1  # the position that predicts the first target token
             self.targets.append((row, start, torch.tensor(p.target_ids)))
         sounds = [p for p in group if "input_features" in p.media]
         self.kwargs = {"mm_encoder_outputs": _frozen_image_features(model, group)}
         if sounds:
-            self.kwargs.update(input_features=torch.cat([p.media["input_features"] for p in sounds]),
-                               input_features_mask=torch.cat([p.media["input_features_mask"] for p in sounds]))
+            self.kwargs.update(
+                input_features=torch.cat([p.media["input_features"] for p in sounds]),
+                input_features_mask=torch.cat([p.media["input_features_mask"] for p in sounds]),
+            )
 
     def logits(self, model):
         """Per sequence: the logits at the positions that predict its target tokens, and the targets."""
         logits = model(input_ids=self.ids, **self.kwargs).logits.float()
-        return [(logits[row, start:start + len(t)], t) for row, start, t in self.targets]
+        return [(logits[row, start : start + len(t)], t) for row, start, t in self.targets]
 
     def losses(self, model):
         """Per sequence: mean cross-entropy over its target tokens."""
         import torch
+
         return [torch.nn.functional.cross_entropy(lg, t) for lg, t in self.logits(model)]
 
 
@@ -130,6 +147,7 @@ def min_margin(model, data: list[Batch]) -> float:
     (teacher forcing). Above 0 everywhere means greedy decoding reproduces every target; how far
     above is the head-room left for another implementation's or dtype's rounding."""
     import torch
+
     worst = float("inf")
     with torch.no_grad():
         for batch in data:
@@ -143,6 +161,7 @@ def min_margin(model, data: list[Batch]) -> float:
 @contextlib.contextmanager
 def fixed_threads(n: int = THREADS):
     import torch
+
     before = torch.get_num_threads()
     torch.set_num_threads(n)
     try:
@@ -166,8 +185,10 @@ def train_model(seqs: list[prompts.Prompt], steps: int = STEPS, log=print):
         module.requires_grad_(False)
     data = [Batch(model, group) for group in batches(seqs)]
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: (s + 1) / WARMUP if s < WARMUP else
-                                                 0.5 * (1 + math.cos(math.pi * (s - WARMUP) / (steps - WARMUP))))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lambda s: (s + 1) / WARMUP if s < WARMUP else 0.5 * (1 + math.cos(math.pi * (s - WARMUP) / (steps - WARMUP))),
+    )
     history = []
     start = time.monotonic()
     for step in range(1, steps + 1):
@@ -189,6 +210,7 @@ def train_model(seqs: list[prompts.Prompt], steps: int = STEPS, log=print):
 def check(model, seqs, tokenizer) -> list[str]:
     """Greedy exactness in bfloat16 (what is saved and what the CPU tier serves) and float32."""
     import torch
+
     problems = []
     for dtype in (torch.bfloat16, torch.float32):
         problems += greedy.mismatches(model.to(dtype), seqs, lambda ids: tokenizer.decode(ids))
@@ -203,25 +225,33 @@ def train(out_dir: Path, log=print) -> dict:
     start = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "random"
-        tiny_gemma4.write_tiny_gemma4(folder, seed=SEED)   # the tokenizer and processor to render with
+        tiny_gemma4.write_tiny_gemma4(folder, seed=SEED)  # the tokenizer and processor to render with
         seqs = sequences(folder)
         digest = inputs_digest(seqs)
-        log(f"{len(seqs)} sequences, {sum(len(p.prompt_ids) + len(p.target_ids) for p in seqs)} tokens; "
-            f"inputs {digest[:12]}")
+        log(
+            f"{len(seqs)} sequences, {sum(len(p.prompt_ids) + len(p.target_ids) for p in seqs)} tokens; "
+            f"inputs {digest[:12]}"
+        )
         with fixed_threads():
             model, history, margin = train_model(seqs, STEPS, log)
             train_seconds = time.monotonic() - start
             model.generation_config = GenerationConfig.from_pretrained(str(folder))  # stops on <eos>, <turn|>
             problems = check(model, seqs, prompts.load_tokenizer(folder))
         if problems:
-            raise TrainingFailed("greedy decoding does not reproduce the script after "
-                                 f"{STEPS} steps (final loss {history[-1]:.5f}):\n  " + "\n  ".join(problems))
+            raise TrainingFailed(
+                "greedy decoding does not reproduce the script after "
+                f"{STEPS} steps (final loss {history[-1]:.5f}):\n  " + "\n  ".join(problems)
+            )
         model.to(torch.bfloat16).save_pretrained(Path(tmp) / "weights", safe_serialization=True)
         weights = Path(tmp) / "weights" / WEIGHTS
         manifest = {
             "inputs_sha256": digest,
             "weights_sha256": hashlib.sha256(weights.read_bytes()).hexdigest(),
-            "seed": SEED, "lr": LR, "warmup": WARMUP, "steps": STEPS, "threads": THREADS,
+            "seed": SEED,
+            "lr": LR,
+            "warmup": WARMUP,
+            "steps": STEPS,
+            "threads": THREADS,
             "final_loss": round(history[-1], 6),
             "min_logit_margin": round(margin, 3),
             "train_seconds": round(train_seconds, 1),
@@ -249,8 +279,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     if args.out_dir and not replaceable(args.out_dir):
-        print(f"testkit.train: {args.out_dir} exists and is not a model folder this script wrote; "
-              "give a new path (it is replaced whole)", file=sys.stderr)
+        print(
+            f"testkit.train: {args.out_dir} exists and is not a model folder this script wrote; "
+            "give a new path (it is replaced whole)",
+            file=sys.stderr,
+        )
         return 2
     try:
         if args.fixture:

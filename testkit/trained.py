@@ -5,6 +5,7 @@ everything else in the folder is what testkit.tiny_gemma4 writes for the random 
 config, tokenizer, chat template and processor config are the random model's, byte for byte.
 Made once per machine in the machine cache, keyed by the weights' digest.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -13,13 +14,13 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from testkit import tiny_gemma4
 from gemma4_images.upstream import cache_dir
+from testkit import tiny_gemma4
 
-SEED = 0               # the random model's seed: its weights are the training's starting point
+SEED = 0  # the random model's seed: its weights are the training's starting point
 FIXTURE = Path(__file__).resolve().parent / "fixture"
 WEIGHTS = "model.safetensors"
-MANIFEST = "manifest.json"     # how the weights were made (testkit.train), copied into the folder
+MANIFEST = "manifest.json"  # how the weights were made (testkit.train), copied into the folder
 
 
 def fixture_manifest(folder: Path = FIXTURE) -> dict:
@@ -64,10 +65,12 @@ def ensure(fixture: Path = FIXTURE) -> Path:
     digest = hashlib.sha256(weights.read_bytes()).hexdigest()
     manifest = fixture_manifest(fixture)
     if manifest["weights_sha256"] != digest:
-        raise RuntimeError(f"{weights} is not the file {fixture / MANIFEST} describes "
-                           "(regenerate both with: python -m testkit.train --fixture)")
+        raise RuntimeError(
+            f"{weights} is not the file {fixture / MANIFEST} describes "
+            "(regenerate both with: python -m testkit.train --fixture)"
+        )
     out = cache_dir() / f"tiny-gemma4-trained-{digest[:12]}"
-    made = out / MANIFEST       # written last: the folder is whole when it holds the fixture's record
+    made = out / MANIFEST  # written last: the folder is whole when it holds the fixture's record
     if not made.exists() or json.loads(made.read_text()) != manifest:
         assemble(out, weights, manifest)
     return readable(out)

@@ -1,5 +1,6 @@
 """Markers: `integration` needs a Docker engine; `device` and one marker per target select the
 accelerator tiers (`pytest -m gaudi2`); CI runs `-m "not device"`."""
+
 import pytest
 
 from gemma4_images import matrix

@@ -24,6 +24,7 @@ Environment: GEMMA4_FIXES_IMAGE (default ``gemma4-e2b:xeon6-v0.30.0-tiny``, the 
 GEMMA4_FIXES_PACK (default ``patches/`` of this repo; point it at a broken copy of
 the pack to see the tests fail), GEMMA4_CACHE (wheel cache, as elsewhere).
 """
+
 from __future__ import annotations
 
 import base64
@@ -57,19 +58,26 @@ GEMMA_EOS_IDS = [1, 106]  # <eos>, <turn|>: the stop tokens of Gemma 4 (and of t
 
 # Mount points in the container.
 C_HELPERS, C_PACK, C_TOK, C_UPSTREAM, C_OUT, C_XGR021 = (
-    "/fixes-test/helpers", "/fixes-test/pack", "/fixes-test/tokenizer", "/fixes-test/upstream",
-    "/fixes-test/out", "/fixes-test/xgrammar-0.2.1")
+    "/fixes-test/helpers",
+    "/fixes-test/pack",
+    "/fixes-test/tokenizer",
+    "/fixes-test/upstream",
+    "/fixes-test/out",
+    "/fixes-test/xgrammar-0.2.1",
+)
 
 
 # =============================================================== host side
 def cache_root() -> Path:
     sys.path.insert(0, str(REPO))
     from gemma4_images.upstream import cache_dir
+
     return cache_dir()
 
 
 def vllm_wheel() -> Path:
     from gemma4_images import wheels
+
     return wheels.wheel("vllm==0.30.0")
 
 
@@ -95,6 +103,7 @@ def extract_upstream(dest: Path, paths=FILES) -> dict[str, str]:
 def xgrammar_021(dest: Path) -> Path | None:
     """xgrammar 0.2.1 unpacked (importable from dest), or None if PyPI cannot be reached."""
     from gemma4_images import wheels
+
     try:
         whl = wheels.wheel("xgrammar==0.2.1")
     except wheels.WheelsError:
@@ -107,6 +116,7 @@ def xgrammar_021(dest: Path) -> Path | None:
 def tokenizer_dir() -> Path:
     sys.path.insert(0, str(REPO))
     from testkit import tiny_model
+
     return tiny_model.ensure()
 
 
@@ -115,6 +125,7 @@ def image_available(image: str = IMAGE) -> str | None:
     try:
         sys.path.insert(0, str(REPO))
         from gemma4_images.docker_build import connect, local_image
+
         client = connect()
     except Exception as e:  # DockerUnavailable, or docker-py missing
         return f"no Docker engine: {e}"
@@ -127,6 +138,7 @@ def image_available(image: str = IMAGE) -> str | None:
 def observations() -> dict:
     """Run the container once (per process) and return everything it recorded."""
     from gemma4_images.docker_build import connect
+
     work = Path(tempfile.mkdtemp(prefix="gemma4-fixes-test-"))
     try:
         upstream = work / "upstream"
@@ -144,9 +156,15 @@ def observations() -> dict:
         if xgr is not None:
             volumes[str(xgr)] = {"bind": C_XGR021, "mode": "ro"}
         client = connect()
-        client.containers.run(IMAGE, ["python3", f"{C_HELPERS}/fixes_helpers.py", "drive"],
-                              entrypoint=[], volumes=volumes, network_mode="host", remove=True,
-                              environment={"VLLM_LOGGING_LEVEL": "WARNING", "HF_HUB_OFFLINE": "1"})
+        client.containers.run(
+            IMAGE,
+            ["python3", f"{C_HELPERS}/fixes_helpers.py", "drive"],
+            entrypoint=[],
+            volumes=volumes,
+            network_mode="host",
+            remove=True,
+            environment={"VLLM_LOGGING_LEVEL": "WARNING", "HF_HUB_OFFLINE": "1"},
+        )
         result = json.loads((out / "drive.json").read_text())
         for phase in ("unpatched", "patched", "patched_xgrammar_0_2_1"):
             path = out / f"{phase}.json"
@@ -168,6 +186,7 @@ def phase(name: str) -> dict:
 def drive() -> None:
     """In the container: restore upstream files, probe, apply the pack, probe again."""
     import sysconfig
+
     site = Path(sysconfig.get_paths()["purelib"])
     out = Path(C_OUT)
     result: dict = {"logs": {}}
@@ -183,26 +202,39 @@ def drive() -> None:
 
     probe_cmd = [sys.executable, __file__, "probe"]
     run("unpatched", probe_cmd + [str(out / "unpatched.json")])
-    apply = [sys.executable, f"{C_PACK}/apply_all.py", "--profile", PROFILE,
-             "--manifest", "/tmp/fixes-test-manifest.json", *OPT_IN]
+    apply = [
+        sys.executable,
+        f"{C_PACK}/apply_all.py",
+        "--profile",
+        PROFILE,
+        "--manifest",
+        "/tmp/fixes-test-manifest.json",
+        *OPT_IN,
+    ]
     result["check_rc"] = run("check", apply + ["--check"])
     result["apply_rc"] = run("apply", apply)
     result["site_packages"] = str(site)
     result["patched_sha256"] = {p: hashlib.sha256((site / p).read_bytes()).hexdigest() for p in FILES}
     run("patched", probe_cmd + [str(out / "patched.json")])
     if Path(C_XGR021).is_dir():
-        run("patched_xgrammar_0_2_1", probe_cmd + [str(out / "patched_xgrammar_0_2_1.json"), "grammar"],
-            env={"PYTHONPATH": C_XGR021})
+        run(
+            "patched_xgrammar_0_2_1",
+            probe_cmd + [str(out / "patched_xgrammar_0_2_1.json"), "grammar"],
+            env={"PYTHONPATH": C_XGR021},
+        )
     (out / "drive.json").write_text(json.dumps(result, indent=1))
 
 
 def probe(out_path: str, only: str | None = None) -> None:
     """In the container: observe what the installed vLLM does for each fix's bug."""
     import importlib.metadata
+
     from vllm.tokenizers import get_tokenizer
+
     tok = get_tokenizer(C_TOK)
     result: dict = {"xgrammar": importlib.metadata.version("xgrammar")}
     import xgrammar
+
     result["xgrammar_file"] = xgrammar.__file__
     probes = {"logprobs": probe_logprobs, "tool_args": probe_tool_args, "grammar": probe_grammar}
     for name, func in probes.items():
@@ -231,6 +263,7 @@ class _Warnings:
 
     def __init__(self, name):
         import logging
+
         self.records: list[str] = []
         outer = self
 
@@ -238,6 +271,7 @@ class _Warnings:
             def emit(self, record):
                 if record.levelno >= logging.WARNING:
                     outer.records.append(record.getMessage())
+
         logging.getLogger(name).addHandler(Handler())
 
 
@@ -260,17 +294,32 @@ def probe_logprobs(tok) -> dict:
     prompt = tok.encode("Hello there", add_special_tokens=False)
 
     def request(rid, prompt_logprobs=None):
-        sp = SamplingParams(logprobs=2, prompt_logprobs=prompt_logprobs, max_tokens=16,
-                            output_kind=RequestOutputKind.DELTA)
-        return EngineCoreRequest(request_id=rid, prompt_token_ids=prompt, mm_features=None,
-                                 sampling_params=sp, pooling_params=None, arrival_time=0.0,
-                                 lora_request=None, cache_salt=None, data_parallel_rank=None,
-                                 external_req_id=rid)
+        sp = SamplingParams(
+            logprobs=2, prompt_logprobs=prompt_logprobs, max_tokens=16, output_kind=RequestOutputKind.DELTA
+        )
+        return EngineCoreRequest(
+            request_id=rid,
+            prompt_token_ids=prompt,
+            mm_features=None,
+            sampling_params=sp,
+            pooling_params=None,
+            arrival_time=0.0,
+            lora_request=None,
+            cache_salt=None,
+            data_parallel_rank=None,
+            external_req_id=rid,
+        )
 
     def step(rid, sampled, row):
-        return EngineCoreOutput(request_id=rid, new_token_ids=[sampled], new_logprobs=LogprobsLists(
-            np.array([row], dtype=np.int64), np.array([[-0.5, -1.0, -2.0][:len(row)]], dtype=np.float32),
-            np.array([1], dtype=np.int64)))
+        return EngineCoreOutput(
+            request_id=rid,
+            new_token_ids=[sampled],
+            new_logprobs=LogprobsLists(
+                np.array([row], dtype=np.int64),
+                np.array([[-0.5, -1.0, -2.0][: len(row)]], dtype=np.float32),
+                np.array([1], dtype=np.int64),
+            ),
+        )
 
     def texts(request_output):
         entries = request_output.outputs[0].logprobs or []
@@ -291,7 +340,8 @@ def probe_logprobs(tok) -> dict:
                 if outs and outs[0].prompt_logprobs is not None:
                     entry["prompt_logprobs"] = [
                         None if e is None else {str(t): lp.decoded_token for t, lp in e.items()}
-                        for e in outs[0].prompt_logprobs]
+                        for e in outs[0].prompt_logprobs
+                    ]
                 results.append(entry)
             except Exception as e:  # what would end AsyncLLM's output_handler
                 results.append(_error(e))
@@ -301,19 +351,22 @@ def probe_logprobs(tok) -> dict:
     # Valid ids only: the guard must not change a thing.
     obs["valid"] = run_steps("req-valid", [(hello, [hello, world, call]), (newline, [newline, hello, world])])
     # Negative and >= 2**32 ids (OverflowError in HF fast tokenizers), twice in one request.
-    obs["bad_ids"] = run_steps("req-bad", [(hello, [hello, -5, 2 ** 40]), (world, [world, 2 ** 33, call])])
+    obs["bad_ids"] = run_steps("req-bad", [(hello, [hello, -5, 2**40]), (world, [world, 2**33, call])])
     # A second request with a bad id: warned about again (once per request).
     obs["bad_ids_second_request"] = run_steps("req-bad-2", [(call, [call, -1, world])])
     # Prompt logprobs carrying a bad id.
     prompt_ids = torch.tensor([[prompt[1], -7], [prompt[2], world]], dtype=torch.int64)
     obs["bad_prompt_ids"] = run_steps(
-        "req-prompt", [(hello, [hello, world, call])], prompt_logprobs=1,
-        first_prompt_tensors=LogprobsTensors(prompt_ids, torch.tensor([[-0.1, -3.0], [-0.2, -4.0]]),
-                                             torch.tensor([1, 1])))
+        "req-prompt",
+        [(hello, [hello, world, call])],
+        prompt_logprobs=1,
+        first_prompt_tensors=LogprobsTensors(
+            prompt_ids, torch.tensor([[-0.1, -3.0], [-0.2, -4.0]]), torch.tensor([1, 1])
+        ),
+    )
     # A corrupted *sampled* id in the logprobs (row[0]) becomes the context of the
     # U+FFFD correction of a later byte-fallback token.
-    obs["bad_sampled_then_byte"] = run_steps("req-ctx", [(hello, [-5, world, call]),
-                                                         (byte_e2, [byte_e2, world, call])])
+    obs["bad_sampled_then_byte"] = run_steps("req-ctx", [(hello, [-5, world, call]), (byte_e2, [byte_e2, world, call])])
 
     # A tokenizer whose decode raises IndexError for ids past its vocabulary
     # (list-backed vocabularies do), straight through LogprobsProcessor.
@@ -331,8 +384,10 @@ def probe_logprobs(tok) -> dict:
     before = len(warnings.records)
     try:
         proc.update_from_output(step("req-list", hello, [hello, 600, world]))
-        obs["index_error"] = {"logprobs": [{str(t): lp.decoded_token for t, lp in e.items()}
-                                           for e in proc.logprobs], "warnings": warnings.records[before:]}
+        obs["index_error"] = {
+            "logprobs": [{str(t): lp.decoded_token for t, lp in e.items()} for e in proc.logprobs],
+            "warnings": warnings.records[before:],
+        }
     except Exception as e:
         obs["index_error"] = _error(e)
     return obs
@@ -340,52 +395,86 @@ def probe_logprobs(tok) -> dict:
 
 # ---------------------------------------------------------------- gemma4-buffered-tool-args
 TOOLS = [
-    {"type": "function", "function": {"name": "say", "parameters": {
-        "type": "object", "properties": {"text": {"type": "string"}, "n": {"type": "integer"}},
-        "required": ["text"]}}},
-    {"type": "function", "function": {"name": "run", "parameters": {
-        "type": "object", "properties": {"code": {"type": "string"}, "path": {"type": "string"}}}}},
-    {"type": "function", "function": {"name": "tag", "parameters": {
-        "type": "object", "properties": {"items": {"type": "array", "items": {"type": "string"}}}}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "say",
+            "parameters": {
+                "type": "object",
+                "properties": {"text": {"type": "string"}, "n": {"type": "integer"}},
+                "required": ["text"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "run",
+            "parameters": {"type": "object", "properties": {"code": {"type": "string"}, "path": {"type": "string"}}},
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "tag",
+            "parameters": {"type": "object", "properties": {"items": {"type": "array", "items": {"type": "string"}}}},
+        },
+    },
 ]
 Q = '<|"|>'
 CHAT_PROMPT = "<bos><|turn>user\nhi<turn|>\n<|turn>model\n"  # what the streaming parsers are told
 # name -> (what the model writes, the arguments it means)
 TOOL_ARG_CASES = {
     # The model escaped the quotes inside its own delimiters.
-    "escaped_quotes": (f'<|tool_call>call:say{{text:{Q}say \\"hi\\"{Q},n:42}}<tool_call|>',
-                       [("say", {"text": 'say "hi"', "n": 42})]),
+    "escaped_quotes": (
+        f'<|tool_call>call:say{{text:{Q}say \\"hi\\"{Q},n:42}}<tool_call|>',
+        [("say", {"text": 'say "hi"', "n": 42})],
+    ),
     # Escaped quotes and an escaped backslash; other backslash sequences stay.
-    "escaped_code": (f'<|tool_call>call:run{{code:{Q}print(\\"a\\\\\\"b\\")\\n{Q},path:{Q}C:\\Users{Q}}}<tool_call|>',
-                     [("run", {"code": 'print("a\\"b")\\n', "path": "C:\\Users"})]),
+    "escaped_code": (
+        f'<|tool_call>call:run{{code:{Q}print(\\"a\\\\\\"b\\")\\n{Q},path:{Q}C:\\Users{Q}}}<tool_call|>',
+        [("run", {"code": 'print("a\\"b")\\n', "path": "C:\\Users"})],
+    ),
     # Verbatim values: a bare quote, backslashes of a path and a regex. Nothing to undo.
-    "verbatim_backslashes": (f'<|tool_call>call:run{{code:{Q}print("a\\"b"){Q},path:{Q}\\\\srv\\d+\\n{Q}}}<tool_call|>',
-                             [("run", {"code": 'print("a\\"b")', "path": "\\\\srv\\d+\\n"})]),
+    "verbatim_backslashes": (
+        f'<|tool_call>call:run{{code:{Q}print("a\\"b"){Q},path:{Q}\\\\srv\\d+\\n{Q}}}<tool_call|>',
+        [("run", {"code": 'print("a\\"b")', "path": "\\\\srv\\d+\\n"})],
+    ),
     # Strings inside an array.
-    "array": (f'<|tool_call>call:tag{{items:[{Q}a \\"b\\"{Q},{Q}c{Q}]}}<tool_call|>',
-              [("tag", {"items": ['a "b"', "c"]})]),
+    "array": (
+        f'<|tool_call>call:tag{{items:[{Q}a \\"b\\"{Q},{Q}c{Q}]}}<tool_call|>',
+        [("tag", {"items": ['a "b"', "c"]})],
+    ),
     # Two calls back to back.
-    "two_calls": (f'<|tool_call>call:say{{text:{Q}one \\"1\\"{Q}}}<tool_call|>'
-                  f'<|tool_call>call:say{{text:{Q}two{Q},n:2}}<tool_call|>',
-                  [("say", {"text": 'one "1"'}), ("say", {"text": "two", "n": 2})]),
+    "two_calls": (
+        f'<|tool_call>call:say{{text:{Q}one \\"1\\"{Q}}}<tool_call|>'
+        f"<|tool_call>call:say{{text:{Q}two{Q},n:2}}<tool_call|>",
+        [("say", {"text": 'one "1"'}), ("say", {"text": "two", "n": 2})],
+    ),
 }
 
 
 def _parser_class(reasoning=None):
     """The unified Parser of `--tool-call-parser gemma4 [--reasoning-parser gemma4]`."""
     from vllm.parser import ParserManager
-    return ParserManager.get_parser(tool_parser_name="gemma4", reasoning_parser_name=reasoning,
-                                    enable_auto_tools=True)
+
+    return ParserManager.get_parser(tool_parser_name="gemma4", reasoning_parser_name=reasoning, enable_auto_tools=True)
 
 
-def _gemma4_parser(tok, tools, tool_choice="auto", reasoning=None, thinking=False, stream=False,
-                   parallel=True):
+def _gemma4_parser(tok, tools, tool_choice="auto", reasoning=None, thinking=False, stream=False, parallel=True):
     """A chat request and its parser, after adjust_request as the online renderer calls it."""
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
     kwargs = {"enable_thinking": True} if thinking else {}
-    req = ChatCompletionRequest(model="tiny", messages=[{"role": "user", "content": "hi"}],
-                                tools=tools, tool_choice=tool_choice, stream=stream,
-                                chat_template_kwargs=kwargs or None, parallel_tool_calls=parallel)
+    req = ChatCompletionRequest(
+        model="tiny",
+        messages=[{"role": "user", "content": "hi"}],
+        tools=tools,
+        tool_choice=tool_choice,
+        stream=stream,
+        chat_template_kwargs=kwargs or None,
+        parallel_tool_calls=parallel,
+    )
     parser = _parser_class(reasoning)(tok, req.tools, chat_template_kwargs=kwargs)
     return parser, parser.adjust_request(req)
 
@@ -393,10 +482,13 @@ def _gemma4_parser(tok, tools, tool_choice="auto", reasoning=None, thinking=Fals
 def _responses_request(tool_choice):
     """The same two tools and tool choice as a Responses API request."""
     from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
+
     if isinstance(tool_choice, dict):
         tool_choice = {"type": "function", "name": tool_choice["function"]["name"]}
-    tools = [{"type": "function", "name": t["function"]["name"], "parameters": t["function"]["parameters"]}
-             for t in TOOLS[:2]]
+    tools = [
+        {"type": "function", "name": t["function"]["name"], "parameters": t["function"]["parameters"]}
+        for t in TOOLS[:2]
+    ]
     return ResponsesRequest(model="tiny", input="hi", tools=tools, tool_choice=tool_choice)
 
 
@@ -410,14 +502,14 @@ def probe_tool_args(tok) -> dict:
         case = {"token_count": len(ids)}
         parser, req = _gemma4_parser(tok, TOOLS)
         _, content, calls = parser.parse(text, req, enable_auto_tools=True, model_output_token_ids=ids)
-        case["parse"] = {"content": content,
-                         "calls": [{"name": c.name, "arguments": c.arguments} for c in calls or []]}
+        case["parse"] = {"content": content, "calls": [{"name": c.name, "arguments": c.arguments} for c in calls or []]}
         parser, req = _gemma4_parser(tok, TOOLS, stream=True)
         deltas, prev = [], ""
         for i, tid in enumerate(ids):
             now = tok.decode(ids[: i + 1], skip_special_tokens=False)
-            delta = parser.parse_delta(now[len(prev):], [tid], req, prompt_token_ids=prompt_ids,
-                                       finished=i == len(ids) - 1)
+            delta = parser.parse_delta(
+                now[len(prev) :], [tid], req, prompt_token_ids=prompt_ids, finished=i == len(ids) - 1
+            )
             prev = now
             if delta is not None:
                 deltas.append(delta.model_dump(exclude_none=True))
@@ -441,7 +533,9 @@ GRAMMAR_CANDIDATES = {
     "unknown_tool": "<|tool_call>call:nope{x:1}<tool_call|>",
     "json_call": '{"name": "say", "arguments": {"text": "hi"}}',
     "call_end_inside_string": f"<|tool_call>call:say{{text:{Q}a<tool_call|>b{Q}}}<tool_call|>",
-    "thought_then_call": f"<|channel>thought\nThe user wants it.<channel|><|tool_call>call:say{{text:{Q}hi{Q}}}<tool_call|>",
+    "thought_then_call": (
+        f"<|channel>thought\nThe user wants it.<channel|><|tool_call>call:say{{text:{Q}hi{Q}}}<tool_call|>"
+    ),
 }
 GRAMMAR_CHOICES = {
     "required": "required",
@@ -453,8 +547,8 @@ GRAMMAR_CHOICES = {
 def _accepts(backend, spec, ids) -> bool:
     """Whether the grammar takes these tokens and then lets the request end."""
     from vllm.v1.structured_output.backend_types import StructuredOutputOptions
-    grammar = backend.compile_grammar(StructuredOutputOptions.STRUCTURAL_TAG, spec,
-                                      stop_token_ids=set(GEMMA_EOS_IDS))
+
+    grammar = backend.compile_grammar(StructuredOutputOptions.STRUCTURAL_TAG, spec, stop_token_ids=set(GEMMA_EOS_IDS))
     matcher = grammar.matcher
     for tid in ids:
         if not matcher.accept_token(tid):
@@ -471,11 +565,13 @@ def probe_grammar(tok) -> dict:
     from vllm.v1.structured_output.backend_xgrammar import XgrammarBackend, validate_xgrammar_grammar
 
     config = types.SimpleNamespace(
-        structured_outputs_config=types.SimpleNamespace(disable_any_whitespace=False),
-        speculative_config=None)
+        structured_outputs_config=types.SimpleNamespace(disable_any_whitespace=False), speculative_config=None
+    )
     backend = XgrammarBackend(vllm_config=config, tokenizer=tok, vocab_size=len(tok.get_vocab()))
-    ids = {name: tok.encode(text, add_special_tokens=False, split_special_tokens=name.endswith("_subword"))
-           for name, text in GRAMMAR_CANDIDATES.items()}
+    ids = {
+        name: tok.encode(text, add_special_tokens=False, split_special_tokens=name.endswith("_subword"))
+        for name, text in GRAMMAR_CANDIDATES.items()
+    }
     prompt_ids = tok.encode(CHAT_PROMPT, add_special_tokens=False)
 
     def one(choice, reasoning=None, thinking=False, responses=False, parallel=True):
@@ -484,14 +580,18 @@ def probe_grammar(tok) -> dict:
             parser = _parser_class(reasoning)(tok, req.tools, chat_template_kwargs={})
             req = parser.adjust_request(req)
         else:
-            parser, req = _gemma4_parser(tok, TOOLS[:2], tool_choice=choice, reasoning=reasoning,
-                                         thinking=thinking, parallel=parallel)
+            parser, req = _gemma4_parser(
+                tok, TOOLS[:2], tool_choice=choice, reasoning=reasoning, thinking=thinking, parallel=parallel
+            )
         so = req.structured_outputs
         spec = so.structural_tag if so is not None else None
-        entry = {"structured_outputs": None if so is None else repr(so), "structural_tag": spec,
-                 "skip_special_tokens": getattr(req, "skip_special_tokens", None),
-                 # the serving layer then passes reasoning_ended=True: the grammar applies from token 0
-                 "grammar_from_parser": getattr(req, "_grammar_from_parser", None)}
+        entry = {
+            "structured_outputs": None if so is None else repr(so),
+            "structural_tag": spec,
+            "skip_special_tokens": getattr(req, "skip_special_tokens", None),
+            # the serving layer then passes reasoning_ended=True: the grammar applies from token 0
+            "grammar_from_parser": getattr(req, "_grammar_from_parser", None),
+        }
         if spec is not None:
             entry["format"] = json.loads(spec)["format"]["type"]
             entry["fallback_grammar"] = '"type": "grammar"' in spec
@@ -513,16 +613,21 @@ def probe_grammar(tok) -> dict:
             p, r = _gemma4_parser(tok, TOOLS[:2], tool_choice=choice, reasoning=reasoning, thinking=thinking)
             _, content, calls = p.parse(text, r, enable_auto_tools=True, model_output_token_ids=ids[name])
             entry["parsed"][name] = [c.name for c in calls or []]
-            p, r = _gemma4_parser(tok, TOOLS[:2], tool_choice=choice, reasoning=reasoning, thinking=thinking,
-                                  stream=True)
+            p, r = _gemma4_parser(
+                tok, TOOLS[:2], tool_choice=choice, reasoning=reasoning, thinking=thinking, stream=True
+            )
             names, prev = [], ""
             for i, tid in enumerate(ids[name]):
                 now = tok.decode(ids[name][: i + 1], skip_special_tokens=False)
-                delta = p.parse_delta(now[len(prev):], [tid], r, prompt_token_ids=prompt_ids,
-                                      finished=i == len(ids[name]) - 1)
+                delta = p.parse_delta(
+                    now[len(prev) :], [tid], r, prompt_token_ids=prompt_ids, finished=i == len(ids[name]) - 1
+                )
                 prev = now
-                names += [tc.function.name for tc in (delta.tool_calls if delta else None) or []
-                          if tc.function and tc.function.name]
+                names += [
+                    tc.function.name
+                    for tc in (delta.tool_calls if delta else None) or []
+                    if tc.function and tc.function.name
+                ]
             entry["streamed"][name] = names
         return entry
 

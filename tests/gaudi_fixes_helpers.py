@@ -14,6 +14,7 @@ imports habana_frameworks). The stub put in its place holds that module's own
 ``async_h2d_copy`` / ``async_h2d_update``, read from the checkout's utils.py
 with ``ast`` and bound to ``device="cpu"``.
 """
+
 import ast
 import functools
 import importlib
@@ -33,6 +34,7 @@ PROFILE = "v0.30.0"
 
 def load_applier():
     from gemma4_images.modules import load_file
+
     return load_file("_gaudi_fixes_apply_all", os.path.join(PACK, "apply_all.py"))
 
 
@@ -66,8 +68,10 @@ def unavailable(reason):
 def gaudi_src_or_skip():
     src = os.environ.get("VLLM_GAUDI_SRC")
     if not src:
-        unavailable("VLLM_GAUDI_SRC is not set (needs a vllm-gaudi checkout: make check-fixes, or CI's "
-                    "tests/integration/test_gaudi_fix_reproductions.py)")
+        unavailable(
+            "VLLM_GAUDI_SRC is not set (needs a vllm-gaudi checkout: make check-fixes, or CI's "
+            "tests/integration/test_gaudi_fix_reproductions.py)"
+        )
     if not os.path.isfile(os.path.join(src, "vllm_gaudi", "v1", "worker", "hpu_input_batch.py")):
         unavailable(f"VLLM_GAUDI_SRC={src} is not a vllm-gaudi checkout")
     return src
@@ -77,12 +81,14 @@ def vllm_or_skip():
     try:
         import vllm  # noqa: F401
         import vllm.v1.sample.metadata  # noqa: F401
+
         missing = None
     except Exception as err:  # pragma: no cover - depends on the environment
         missing = f"{type(err).__name__}: {err}"
     if missing:
         unavailable(f"vllm is not importable here ({missing}); run with a vllm 0.30.0 venv")
     import vllm
+
     if not vllm.__version__.startswith("0.30.0"):
         unavailable(f"needs vllm 0.30.0, found {vllm.__version__}")
 
@@ -149,6 +155,7 @@ def _cpu_utils_stub(src):
     nodes = [n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef) and n.name in wanted]
     assert {n.name for n in nodes} == wanted, "vllm_gaudi/utils.py lacks async_h2d_copy/async_h2d_update"
     import torch
+
     ns = {"torch": torch}
     for node in nodes:
         exec(compile(ast.get_source_segment(text, node), "vllm_gaudi/utils.py", "exec"), ns)
@@ -181,20 +188,37 @@ def load_input_batch(src, fixes=(), exact=True):
 
 def make_batch(mod, max_num_reqs=4, vocab_size=32, logitsprocs=None):
     import torch
-    return mod.InputBatch(max_num_reqs=max_num_reqs, max_model_len=64, max_num_batched_tokens=64,
-                          device=torch.device("cpu"), pin_memory=False, vocab_size=vocab_size,
-                          block_sizes=[16], kernel_block_sizes=[16], logitsprocs=logitsprocs)
+
+    return mod.InputBatch(
+        max_num_reqs=max_num_reqs,
+        max_model_len=64,
+        max_num_batched_tokens=64,
+        device=torch.device("cpu"),
+        pin_memory=False,
+        vocab_size=vocab_size,
+        block_sizes=[16],
+        kernel_block_sizes=[16],
+        logitsprocs=logitsprocs,
+    )
 
 
 def make_request(mod, req_id, prompt, output=(), **sampling):
     from vllm.sampling_params import SamplingParams
+
     bad_words = sampling.pop("bad_words_token_ids", None)
     params = SamplingParams(**sampling)
     if bad_words is not None:
         params._bad_words_token_ids = bad_words  # what update_from_tokenizer() sets
-    return mod.CachedRequestState(req_id=req_id, prompt_token_ids=list(prompt), mm_features=[],
-                                  sampling_params=params, generator=None, block_ids=[[0]],
-                                  num_computed_tokens=0, output_token_ids=list(output))
+    return mod.CachedRequestState(
+        req_id=req_id,
+        prompt_token_ids=list(prompt),
+        mm_features=[],
+        sampling_params=params,
+        generator=None,
+        block_ids=[[0]],
+        num_computed_tokens=0,
+        output_token_ids=list(output),
+    )
 
 
 @functools.lru_cache(maxsize=16)
@@ -225,7 +249,7 @@ def defs_from_file(src, path, fixes, names, namespace, cls=None, exact=True):
         if set(defined) & set(names):
             first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
             # blank lines first, so tracebacks name the file's own line numbers
-            source = "\n" * (first - 1) + textwrap.dedent("".join(lines[first - 1:node.end_lineno]))
+            source = "\n" * (first - 1) + textwrap.dedent("".join(lines[first - 1 : node.end_lineno]))
             exec(compile_patched(source, src, path, fixes, whole=text), ns)
     return {name: ns[name] for name in names if name in ns}
 

@@ -19,6 +19,7 @@ the fixes change:
   would pick forward_cpu. A recorder keeps each call's SamplingMetadata and logits.
 - torch.tensor(pin_memory=True) drops pin_memory (no accelerator here).
 """
+
 import contextlib
 import dataclasses
 import itertools
@@ -31,14 +32,36 @@ import gaudi_fixes_helpers as h
 
 RUNNER = "vllm_gaudi/v1/worker/hpu_model_runner.py"
 PATCHES = "vllm_gaudi/patches.py"
-RUNNER_METHODS = ["execute_model", "run_defragmenter", "_update_states", "sample_tokens", "_ensure_decodes_first",
-                  "_is_prompt", "is_decoder_only", "_get_prompts_and_decodes", "_generate_req_id_output_token_ids_lst",
-                  "_prepare_sampling", "_run_sampling", "apply_grammar_bitmask", "_build_logprobs_output",
-                  "_get_prompt_logprobs_dict", "_gather_prompt_logprobs_hpu"]
-RUNNER_FUNCTIONS = ["empty_list", "BatchContents", "PromptDecodeInfo", "PrefillInputData", "DecodeInputData", "Mergeable",
-                    "shallow_tuple",
-                    "flatten", "ensure_multi_token_decodes_last", "structured_output_row_owners",
-                    "grammar_bitmask_rows"]
+RUNNER_METHODS = [
+    "execute_model",
+    "run_defragmenter",
+    "_update_states",
+    "sample_tokens",
+    "_ensure_decodes_first",
+    "_is_prompt",
+    "is_decoder_only",
+    "_get_prompts_and_decodes",
+    "_generate_req_id_output_token_ids_lst",
+    "_prepare_sampling",
+    "_run_sampling",
+    "apply_grammar_bitmask",
+    "_build_logprobs_output",
+    "_get_prompt_logprobs_dict",
+    "_gather_prompt_logprobs_hpu",
+]
+RUNNER_FUNCTIONS = [
+    "empty_list",
+    "BatchContents",
+    "PromptDecodeInfo",
+    "PrefillInputData",
+    "DecodeInputData",
+    "Mergeable",
+    "shallow_tuple",
+    "flatten",
+    "ensure_multi_token_decodes_last",
+    "structured_output_row_owners",
+    "grammar_bitmask_rows",
+]
 
 
 def cpu_torch():
@@ -59,11 +82,20 @@ def cpu_torch():
 def processors(max_num_seqs=4):
     """vLLM 0.30.0's built-in logits processors, as build_logitsprocs makes them for a sampling model."""
     from vllm.v1.sample.logits_processor import LogitsProcessors
-    from vllm.v1.sample.logits_processor.builtin import (LogitBiasLogitsProcessor, MinPLogitsProcessor,
-                                                         MinTokensLogitsProcessor)
+    from vllm.v1.sample.logits_processor.builtin import (
+        LogitBiasLogitsProcessor,
+        MinPLogitsProcessor,
+        MinTokensLogitsProcessor,
+    )
+
     config = types.SimpleNamespace(scheduler_config=types.SimpleNamespace(max_num_seqs=max_num_seqs))
-    return LogitsProcessors([MinPLogitsProcessor(config, "cpu", False), LogitBiasLogitsProcessor(config, "cpu", False),
-                             MinTokensLogitsProcessor(config, "cpu", False)])
+    return LogitsProcessors(
+        [
+            MinPLogitsProcessor(config, "cpu", False),
+            LogitBiasLogitsProcessor(config, "cpu", False),
+            MinTokensLogitsProcessor(config, "cpu", False),
+        ]
+    )
 
 
 def load_patches_module(src, fixes):
@@ -77,6 +109,7 @@ def load_patches_module(src, fixes):
 
 def native_sampler():
     from vllm.v1.sample.sampler import Sampler
+
     sampler = Sampler()
     sampler.topk_topp_sampler.forward = sampler.topk_topp_sampler.forward_native  # what HPU gets (see above)
     return sampler
@@ -101,15 +134,20 @@ class Runner:
         self.vllm_config = types.SimpleNamespace(speculative_config=self.speculative_config)
         self.kv_caches, self.max_model_len = [], 64
         self.use_aux_hidden_state_outputs = self.is_driver_worker = False
-        self.profiler = types.SimpleNamespace(enabled=False, record_event=lambda *a: contextlib.nullcontext(),
-                                              start=lambda *a: None, end=lambda *a: None,
-                                              get_timestamp_us=lambda: 0)
+        self.profiler = types.SimpleNamespace(
+            enabled=False,
+            record_event=lambda *a: contextlib.nullcontext(),
+            start=lambda *a: None,
+            end=lambda *a: None,
+            get_timestamp_us=lambda: 0,
+        )
         self.sampler_calls = []
         sampler = native_sampler()
 
         def record(logits, sampling_metadata):
             self.sampler_calls.append((logits.clone(), sampling_metadata))
             return sampler(logits=logits, sampling_metadata=sampling_metadata)
+
         self.sampler = record
         self.scheduler_output = None
 
@@ -131,6 +169,7 @@ class Runner:
 
     def _prepare_inputs(self, scheduler_output, num_prefills, num_decodes, warmup_mode):
         import torch
+
         ns = self._ns
         batch, ids = self.input_batch, self.input_batch.req_ids
         decode = None
@@ -138,11 +177,15 @@ class Runner:
             rows = ids[:num_decodes]
             bucket = 1 << (num_decodes - 1).bit_length()
             padded = rows + [rows[0]] * (bucket - num_decodes)
-            decode = ns["DecodeInputData"](num_decodes=num_decodes, token_ids=torch.zeros(bucket, 1, dtype=torch.long),
-                                           position_ids=torch.zeros(bucket, 1, dtype=torch.long),
-                                           attn_metadata=_Rows(padded), logits_indices=torch.arange(bucket))
+            decode = ns["DecodeInputData"](
+                num_decodes=num_decodes,
+                token_ids=torch.zeros(bucket, 1, dtype=torch.long),
+                position_ids=torch.zeros(bucket, 1, dtype=torch.long),
+                attn_metadata=_Rows(padded),
+                logits_indices=torch.arange(bucket),
+            )
         prefill = ns["PrefillInputData"]()
-        for req_id in ids[num_decodes:num_decodes + num_prefills]:
+        for req_id in ids[num_decodes : num_decodes + num_prefills]:
             index = batch.req_id_to_index[req_id]
             scheduled = scheduler_output.num_scheduled_tokens[req_id]
             done = int(batch.num_computed_tokens_cpu[index]) + scheduled >= int(batch.num_prompt_tokens[index])
@@ -156,13 +199,23 @@ class Runner:
             prefill.logits_requests.append(logits_requests)
         return (prefill, None), (decode, None)
 
-    def _execute_model_generic(self, token_ids, position_ids, attn_metadata, logits_indices, kv_caches,
-                               lora_logits_mask, lora_mask, inputs_embeds=None, model_mm_kwargs=None,
-                               warmup_mode=False):
+    def _execute_model_generic(
+        self,
+        token_ids,
+        position_ids,
+        attn_metadata,
+        logits_indices,
+        kv_caches,
+        lora_logits_mask,
+        lora_mask,
+        inputs_embeds=None,
+        model_mm_kwargs=None,
+        warmup_mode=False,
+    ):
         import torch
+
         rows = attn_metadata.req_ids
-        logits = (torch.stack([self.logits_of(r).float() for r in rows]) if rows
-                  else torch.zeros(0, self.vocab_size))
+        logits = torch.stack([self.logits_of(r).float() for r in rows]) if rows else torch.zeros(0, self.vocab_size)
         hidden = torch.zeros(len(rows), 1)
         return hidden, None, hidden, logits
 
@@ -170,29 +223,55 @@ class Runner:
 def runner_class(src, fixes, batch_module, patches_module=None):
     """A Runner subclass carrying the real methods of HPUModelRunner (checkout + `fixes`)."""
     import numpy as np
-    import torch
     from vllm.sampling_params import SamplingType
     from vllm.v1.core.sched.output import GrammarOutput
-    from vllm.v1.outputs import (EMPTY_MODEL_RUNNER_OUTPUT, AsyncModelRunnerOutput, KVConnectorOutput, LogprobsLists,
-                                 LogprobsTensors, ModelRunnerOutput)
+    from vllm.v1.outputs import (
+        EMPTY_MODEL_RUNNER_OUTPUT,
+        AsyncModelRunnerOutput,
+        KVConnectorOutput,
+        LogprobsLists,
+        LogprobsTensors,
+        ModelRunnerOutput,
+    )
     from vllm.v1.sample.metadata import SamplingMetadata
     from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
+
     xgr_cpu = __import__("xgrammar.kernels.apply_token_bitmask_inplace_cpu", fromlist=["_"])
 
-    ns = {"torch": cpu_torch(), "np": np, "htorch": types.SimpleNamespace(core=types.SimpleNamespace(
-              mark_step=lambda: None)), "SamplingType": SamplingType,
-          "CachedRequestState": batch_module.CachedRequestState, "InputBatch": batch_module.InputBatch,
-          "get_pp_group": lambda: types.SimpleNamespace(is_last_rank=True),
-          "EMPTY_MODEL_RUNNER_OUTPUT": EMPTY_MODEL_RUNNER_OUTPUT, "has_kv_transfer_group": lambda: False,
-          "set_forward_context": lambda *a, **k: contextlib.nullcontext(), "LMCacheConnectorMetadata": None,
-          "ModelRunnerOutput": ModelRunnerOutput, "KVConnectorOutput": KVConnectorOutput,
-          "AsyncModelRunnerOutput": AsyncModelRunnerOutput, "SamplingMetadata": SamplingMetadata,
-          "LogprobsTensors": LogprobsTensors, "LogprobsLists": LogprobsLists, "GrammarOutput": GrammarOutput,
-          "SpecDecodeMetadata": SpecDecodeMetadata, "xgr_cpu": xgr_cpu, "itertools": itertools,
-          "dataclass": dataclasses.dataclass, "field": dataclasses.field, "fields": dataclasses.fields,
-          "cast": typing.cast, "Optional": typing.Optional, "Union": typing.Union, "TypeAlias": typing.TypeAlias, "Callable": typing.Callable,
-          "Mapping": typing.Mapping, "logger": __import__("logging").getLogger("hpu_model_runner_under_test"),
-          "HPUAttentionMetadataV1": typing.Any}  # only an annotation of DecodeInputData here
+    ns = {
+        "torch": cpu_torch(),
+        "np": np,
+        "htorch": types.SimpleNamespace(core=types.SimpleNamespace(mark_step=lambda: None)),
+        "SamplingType": SamplingType,
+        "CachedRequestState": batch_module.CachedRequestState,
+        "InputBatch": batch_module.InputBatch,
+        "get_pp_group": lambda: types.SimpleNamespace(is_last_rank=True),
+        "EMPTY_MODEL_RUNNER_OUTPUT": EMPTY_MODEL_RUNNER_OUTPUT,
+        "has_kv_transfer_group": lambda: False,
+        "set_forward_context": lambda *a, **k: contextlib.nullcontext(),
+        "LMCacheConnectorMetadata": None,
+        "ModelRunnerOutput": ModelRunnerOutput,
+        "KVConnectorOutput": KVConnectorOutput,
+        "AsyncModelRunnerOutput": AsyncModelRunnerOutput,
+        "SamplingMetadata": SamplingMetadata,
+        "LogprobsTensors": LogprobsTensors,
+        "LogprobsLists": LogprobsLists,
+        "GrammarOutput": GrammarOutput,
+        "SpecDecodeMetadata": SpecDecodeMetadata,
+        "xgr_cpu": xgr_cpu,
+        "itertools": itertools,
+        "dataclass": dataclasses.dataclass,
+        "field": dataclasses.field,
+        "fields": dataclasses.fields,
+        "cast": typing.cast,
+        "Optional": typing.Optional,
+        "Union": typing.Union,
+        "TypeAlias": typing.TypeAlias,
+        "Callable": typing.Callable,
+        "Mapping": typing.Mapping,
+        "logger": __import__("logging").getLogger("hpu_model_runner_under_test"),
+        "HPUAttentionMetadataV1": typing.Any,
+    }  # only an annotation of DecodeInputData here
     ns.update(h.defs_from_file(src, RUNNER, fixes, RUNNER_FUNCTIONS, ns))
     methods = h.defs_from_file(src, RUNNER, fixes, RUNNER_METHODS, ns, cls="HPUModelRunner")
     missing = set(RUNNER_METHODS) - set(methods)
@@ -205,12 +284,12 @@ class Engine:
     """A scheduler stand-in that writes vLLM's real SchedulerOutput for each step and runs
     the runner's execute_model, then sample_tokens unless execute_model returned."""
 
-    def __init__(self, src, fixes, logits_of, vocab_size=32, max_num_reqs=4, async_scheduling=False,
-                 speculative=False):
+    def __init__(self, src, fixes, logits_of, vocab_size=32, max_num_reqs=4, async_scheduling=False, speculative=False):
         self.batch_module = h.load_input_batch(src, fixes)
         self.patches = load_patches_module(src, fixes)
-        batch = h.make_batch(self.batch_module, max_num_reqs=max_num_reqs, vocab_size=vocab_size,
-                             logitsprocs=processors(max_num_reqs))
+        batch = h.make_batch(
+            self.batch_module, max_num_reqs=max_num_reqs, vocab_size=vocab_size, logitsprocs=processors(max_num_reqs)
+        )
         cls = runner_class(src, fixes, self.batch_module, self.patches)
         self.runner = cls(batch, logits_of, vocab_size, async_scheduling, speculative)
         self.computed, self.prompts, self.outputs = {}, {}, {}
@@ -220,25 +299,44 @@ class Engine:
         """schedule: {req_id: tokens} of running requests; new: {req_id: (prompt ids, SamplingParams,
         tokens)}; warmup: execute_model's warmup_mode. Returns {req_id: sampled ids} of this step."""
         from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+
         schedule, new = dict(schedule or {}), dict(new or {})
         new_reqs = []
         for req_id, (prompt, params, tokens) in new.items():
             self.prompts[req_id], self.computed[req_id], self.outputs[req_id] = list(prompt), 0, []
-            new_reqs.append(NewRequestData(req_id=req_id, prompt_token_ids=list(prompt), mm_features=[],
-                                           sampling_params=params, pooling_params=None,
-                                           block_ids=([next(self._next_block)],), num_computed_tokens=0,
-                                           lora_request=None))
+            new_reqs.append(
+                NewRequestData(
+                    req_id=req_id,
+                    prompt_token_ids=list(prompt),
+                    mm_features=[],
+                    sampling_params=params,
+                    pooling_params=None,
+                    block_ids=([next(self._next_block)],),
+                    num_computed_tokens=0,
+                    lora_request=None,
+                )
+            )
             schedule[req_id] = tokens
         cached = [r for r in schedule if r not in new]
         sched = SchedulerOutput(
             scheduled_new_reqs=new_reqs,
             scheduled_cached_reqs=CachedRequestData(
-                req_ids=cached, resumed_req_ids=set(), new_token_ids=[[] for _ in cached], all_token_ids={},
-                new_block_ids=[None for _ in cached], num_computed_tokens=[self.computed[r] for r in cached],
-                num_output_tokens=[len(self.outputs[r]) for r in cached]),
-            num_scheduled_tokens=schedule, total_num_scheduled_tokens=sum(schedule.values()),
-            scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={}, num_common_prefix_blocks=[0],
-            finished_req_ids=set(finished), free_encoder_mm_hashes=[])
+                req_ids=cached,
+                resumed_req_ids=set(),
+                new_token_ids=[[] for _ in cached],
+                all_token_ids={},
+                new_block_ids=[None for _ in cached],
+                num_computed_tokens=[self.computed[r] for r in cached],
+                num_output_tokens=[len(self.outputs[r]) for r in cached],
+            ),
+            num_scheduled_tokens=schedule,
+            total_num_scheduled_tokens=sum(schedule.values()),
+            scheduled_spec_decode_tokens={},
+            scheduled_encoder_inputs={},
+            num_common_prefix_blocks=[0],
+            finished_req_ids=set(finished),
+            free_encoder_mm_hashes=[],
+        )
         for req_id in finished:
             self.computed.pop(req_id, None)
         self.runner.sampler_calls = []
@@ -251,8 +349,7 @@ class Engine:
         sampled = {}
         for req_id in schedule:
             index = out.req_id_to_index.get(req_id)
-            ids = list(out.sampled_token_ids[index]) if index is not None and index < len(out.sampled_token_ids) \
-                else []
+            ids = list(out.sampled_token_ids[index]) if index is not None and index < len(out.sampled_token_ids) else []
             if ids:
                 sampled[req_id] = ids
                 self.outputs[req_id] += ids
@@ -268,8 +365,13 @@ class Engine:
         import vllm.v1.sample.ops.logprobs as logprobs_mod
         import vllm.v1.sample.ops.topk_topp_sampler as tts
         import vllm.v1.sample.sampler as sampler_mod
-        attrs = [(tts, "random_sample"), (sampler_mod.Sampler, "gather_logprobs"),
-                 (sampler_mod, "batched_count_greater_than"), (logprobs_mod, "batched_count_greater_than")]
+
+        attrs = [
+            (tts, "random_sample"),
+            (sampler_mod.Sampler, "gather_logprobs"),
+            (sampler_mod, "batched_count_greater_than"),
+            (logprobs_mod, "batched_count_greater_than"),
+        ]
         saved_attrs = [(obj, name, obj.__dict__[name]) for obj, name in attrs]
         saved_modules = {k: sys.modules.get(k) for k in ("vllm_gaudi", "vllm_gaudi.patches")}
         package = types.ModuleType("vllm_gaudi")
@@ -303,5 +405,5 @@ def logits_table(table, vocab_size=32, default=None):
         for token, value in table.get(req_id, default or {}).items():
             row[token] = value
         return row
-    return logits_of
 
+    return logits_of

@@ -58,8 +58,10 @@ def make_bos_copy(model: str, out: str | os.PathLike, revision: str | None = Non
     source, origin = _resolve_source(model, revision)
     missing = [name for name in REQUIRED if not (source / name).is_file()]
     if missing:
-        raise Refusal(f"{model}: no {', '.join(missing)}. This tool patches a fast tokenizer "
-                      "(tokenizer.json + tokenizer_config.json); point MODEL at a folder or repo that has them.")
+        raise Refusal(
+            f"{model}: no {', '.join(missing)}. This tool patches a fast tokenizer "
+            "(tokenizer.json + tokenizer_config.json); point MODEL at a folder or repo that has them."
+        )
 
     tok_json = json.loads((source / "tokenizer.json").read_text(encoding="utf-8"))
     tok_config = json.loads((source / "tokenizer_config.json").read_text(encoding="utf-8"))
@@ -70,8 +72,9 @@ def make_bos_copy(model: str, out: str | os.PathLike, revision: str | None = Non
     if state == "missing":
         tok_json["post_processor"] = _bos_template(bos, bos_id)
         rewritten["tokenizer.json"] = tok_json
-        changes.append(f"tokenizer.json: post_processor now prepends {bos} (single '{bos} $A', "
-                       f"pair '{bos} $A {bos} $B')")
+        changes.append(
+            f"tokenizer.json: post_processor now prepends {bos} (single '{bos} $A', pair '{bos} $A {bos} $B')"
+        )
     if tok_config.get("add_bos_token") is not True:
         tok_config["add_bos_token"] = True
         rewritten["tokenizer_config.json"] = tok_config
@@ -80,10 +83,17 @@ def make_bos_copy(model: str, out: str | os.PathLike, revision: str | None = Non
 
     if out == source:
         if already:  # re-run on its own output in place: check it, write nothing
-            return {"already_patched": True, "changes": [], "out": str(out), "out_unchanged": True,
-                    "verified": verify(out, bos_id)}
-        raise Refusal(f"OUT is MODEL ({out}). This tool writes a separate tokenizer copy; choose another "
-                      "OUT and serve with --tokenizer OUT.")
+            return {
+                "already_patched": True,
+                "changes": [],
+                "out": str(out),
+                "out_unchanged": True,
+                "verified": verify(out, bos_id),
+            }
+        raise Refusal(
+            f"OUT is MODEL ({out}). This tool writes a separate tokenizer copy; choose another "
+            "OUT and serve with --tokenizer OUT."
+        )
 
     out.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=".gemma4-bos-", dir=out.parent))
@@ -105,14 +115,16 @@ def make_bos_copy(model: str, out: str | os.PathLike, revision: str | None = Non
             "bos_token_id": bos_id,
             "already_patched": already,
             "changes": changes,
-            "files": {name: {"sha256": _sha256(stage / name), "source_sha256": _sha256(source / name)}
-                      for name in written},
+            "files": {
+                name: {"sha256": _sha256(stage / name), "source_sha256": _sha256(source / name)} for name in written
+            },
             "verified": verified,
         }
         _write_json(stage / RECORD, record)
         names = written + [RECORD]
-        unchanged = all((out / n).is_file() and (out / n).read_bytes() == (stage / n).read_bytes() for n in names) \
-            and not any((out / n).is_file() for n in TOKENIZER_FILES if n not in names)
+        unchanged = all(
+            (out / n).is_file() and (out / n).read_bytes() == (stage / n).read_bytes() for n in names
+        ) and not any((out / n).is_file() for n in TOKENIZER_FILES if n not in names)
         if not unchanged:  # a re-run on the same input leaves OUT as it is, mtimes too
             _install(stage, out, names)
     finally:
@@ -128,32 +140,41 @@ def verify(folder: Path, bos_id: int) -> dict:
     try:
         from transformers import AutoTokenizer
     except ImportError as e:
-        raise Refusal(f"this tool needs {NEEDS} in the Python that runs it ({e}): "
-                      f"`{Path(sys.executable).name} -m pip install transformers tokenizers huggingface_hub`") from None
+        raise Refusal(
+            f"this tool needs {NEEDS} in the Python that runs it ({e}): "
+            f"`{Path(sys.executable).name} -m pip install transformers tokenizers huggingface_hub`"
+        ) from None
 
     tok = AutoTokenizer.from_pretrained(str(folder))
     text = "The capital of France is"
     problems = []
     with_special = tok(text)["input_ids"]
     if with_special[:1] != [bos_id] or with_special.count(bos_id) != 1:
-        problems.append(f"encode with special tokens gave {with_special[:4]}..., expected exactly one "
-                        f"<bos> ({bos_id}) first")
+        problems.append(
+            f"encode with special tokens gave {with_special[:4]}..., expected exactly one <bos> ({bos_id}) first"
+        )
     without = tok(text, add_special_tokens=False)["input_ids"]
     if bos_id in without:
         problems.append(f"encode without special tokens still contains <bos>: {without[:4]}...")
     chat = None
     if tok.chat_template:
-        rendered = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                           add_generation_prompt=True)
+        rendered = tok.apply_chat_template(
+            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+        )
         chat = tok(rendered, add_special_tokens=False)["input_ids"]  # how vLLM's chat path encodes
         if chat[:1] != [bos_id] or chat.count(bos_id) != 1:
-            problems.append(f"chat template path gave {chat[:4]}..., expected exactly one <bos> first "
-                            "(zero: the template does not write bos_token; two: it is doubled)")
+            problems.append(
+                f"chat template path gave {chat[:4]}..., expected exactly one <bos> first "
+                "(zero: the template does not write bos_token; two: it is doubled)"
+            )
     if problems:
         raise Refusal("verification failed for " + str(folder) + ":\n  " + "\n  ".join(problems))
-    return {"with_special_tokens": with_special[:3], "without_special_tokens": without[:3],
-            "chat": None if chat is None else chat[:3],
-            "chat_note": None if chat is not None else "no chat template; chat path not checked"}
+    return {
+        "with_special_tokens": with_special[:3],
+        "without_special_tokens": without[:3],
+        "chat": None if chat is None else chat[:3],
+        "chat_note": None if chat is not None else "no chat template; chat path not checked",
+    }
 
 
 def _resolve_source(model: str, revision: str | None) -> tuple[Path, dict]:
@@ -165,20 +186,23 @@ def _resolve_source(model: str, revision: str | None) -> tuple[Path, dict]:
     try:
         from huggingface_hub import snapshot_download
     except ImportError as e:
-        raise Refusal(f"a hub id needs {NEEDS} in the Python that runs this tool ({e}): "
-                      f"`{Path(sys.executable).name} -m pip install transformers tokenizers huggingface_hub`, "
-                      "or pass a local folder") from None
+        raise Refusal(
+            f"a hub id needs {NEEDS} in the Python that runs this tool ({e}): "
+            f"`{Path(sys.executable).name} -m pip install transformers tokenizers huggingface_hub`, "
+            "or pass a local folder"
+        ) from None
 
     token = os.environ.get("HF_TOKEN") or None  # passed through only, never stored or printed
     try:
-        local = snapshot_download(repo_id=model, revision=revision, allow_patterns=list(TOKENIZER_FILES),
-                                  token=token)
+        local = snapshot_download(repo_id=model, revision=revision, allow_patterns=list(TOKENIZER_FILES), token=token)
     except Exception as exc:  # network, auth, missing repo: report without echoing the token
         message = f"{type(exc).__name__}: {exc}"
         if token:
             message = message.replace(token, "***")
-        raise Refusal(f"{model}: download of the tokenizer files failed ({message}). For a gated repo set "
-                      "HF_TOKEN to a token with access, or pass a local folder.") from None
+        raise Refusal(
+            f"{model}: download of the tokenizer files failed ({message}). For a gated repo set "
+            "HF_TOKEN to a token with access, or pass a local folder."
+        ) from None
     local = Path(local)
     return local, {"kind": "hub", "repo_id": model, "revision": revision, "commit": local.name}
 
@@ -190,15 +214,19 @@ def _bos_token(source: Path, tok_json: dict, tok_config: dict) -> tuple[str, int
     if isinstance(bos, dict):
         bos = bos.get("content")
     if not bos:
-        raise Refusal("the tokenizer has no <bos> token (tokenizer_config.json names no bos_token), so there is "
-                      "nothing to prepend. Fix: use the model's own tokenizer; for Gemma 4 bos_token is \"<bos>\" (id 2).")
+        raise Refusal(
+            "the tokenizer has no <bos> token (tokenizer_config.json names no bos_token), so there is "
+            'nothing to prepend. Fix: use the model\'s own tokenizer; for Gemma 4 bos_token is "<bos>" (id 2).'
+        )
     ids = {t["content"]: t["id"] for t in tok_json.get("added_tokens", [])}
     vocab = tok_json.get("model", {}).get("vocab")
     if bos not in ids and isinstance(vocab, dict) and bos in vocab:
         ids[bos] = vocab[bos]
     if bos not in ids:
-        raise Refusal(f"the tokenizer has no <bos> token: bos_token {bos!r} is not in tokenizer.json. "
-                      "Fix: use the model's own tokenizer files unmodified (Gemma 4 has \"<bos>\" as id 2).")
+        raise Refusal(
+            f"the tokenizer has no <bos> token: bos_token {bos!r} is not in tokenizer.json. "
+            'Fix: use the model\'s own tokenizer files unmodified (Gemma 4 has "<bos>" as id 2).'
+        )
     return bos, ids[bos]
 
 
@@ -214,9 +242,11 @@ def _post_processor_state(pp: dict | None, bos: str, bos_id: int) -> str:
         bos_only = set(specials) == {bos} and specials[bos].get("ids") == [bos_id]
         if single == ["bos", "$A"] and pair in ACCEPTED_PAIRS and bos_only:
             return "bos"
-    raise Refusal(f"tokenizer.json already has a post-processor that is neither empty nor a plain {bos} "
-                  f"template: {json.dumps(pp)[:300]}. Refusing to replace it. Fix: check what it is for; if it "
-                  "should only prepend <bos>, set \"post_processor\" to null in a copy and run this tool on that copy.")
+    raise Refusal(
+        f"tokenizer.json already has a post-processor that is neither empty nor a plain {bos} "
+        f"template: {json.dumps(pp)[:300]}. Refusing to replace it. Fix: check what it is for; if it "
+        'should only prepend <bos>, set "post_processor" to null in a copy and run this tool on that copy.'
+    )
 
 
 def _shape(items, bos: str) -> list[str] | None:
@@ -239,8 +269,12 @@ def _bos_template(bos: str, bos_id: int) -> dict:
             return {"Sequence": {"id": name[1:], "type_id": int(type_id)}}
         return {"SpecialToken": {"id": bos, "type_id": int(type_id)}}
 
-    return {"type": "TemplateProcessing", "single": [item(s) for s in SINGLE], "pair": [item(s) for s in PAIR],
-            "special_tokens": {bos: {"id": bos, "ids": [bos_id], "tokens": [bos]}}}
+    return {
+        "type": "TemplateProcessing",
+        "single": [item(s) for s in SINGLE],
+        "pair": [item(s) for s in PAIR],
+        "special_tokens": {bos: {"id": bos, "ids": [bos_id], "tokens": [bos]}},
+    }
 
 
 def _install(stage: Path, out: Path, names: list[str]) -> None:
@@ -272,8 +306,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{TOOL}: refused: {exc}", file=sys.stderr)
         return 1
     if record["already_patched"]:
-        print(f"{TOOL}: {args.model} already adds <bos>; nothing to change (no-op)"
-              + ("" if record["out"] == str(Path(args.model).resolve()) else f"; copied as-is to {record['out']}"))
+        print(
+            f"{TOOL}: {args.model} already adds <bos>; nothing to change (no-op)"
+            + ("" if record["out"] == str(Path(args.model).resolve()) else f"; copied as-is to {record['out']}")
+        )
     elif record["out_unchanged"]:
         print(f"{TOOL}: {record['out']} is already up to date (no-op)")
     else:

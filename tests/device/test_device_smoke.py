@@ -1,5 +1,6 @@
 """The accelerator tiers: the real model on real hardware through `build.py smoke`'s checks.
 Each skips with a one-line reason where its accelerator is missing; nothing passes by default."""
+
 import os
 
 import pytest
@@ -11,8 +12,9 @@ M = matrix.load()
 DEVICE_TARGETS = [n for n, t in M.targets.items() if M.families[t.family].accelerator != "none"]
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.device, getattr(pytest.mark, n)])
-                                  for n in DEVICE_TARGETS])
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=[pytest.mark.device, getattr(pytest.mark, n)]) for n in DEVICE_TARGETS]
+)
 def test_device_tier(name):
     client = connect()
     missing = smoke.device_missing(client, M.families[M.targets[name].family].accelerator)
@@ -40,12 +42,18 @@ def test_gaudi2_fast_prefill_matches_stock():
         pytest.skip("gaudi2: HF_TOKEN is not set (the real model is gated on the hub)")
     kw = smoke.run_kwargs(M.targets["gaudi2"].run_flags)
     env = {**kw.pop("environment"), "HF_TOKEN": os.environ["HF_TOKEN"]}
-    out = client.containers.run(M.tag("gaudi2"), ["offline", "--cases", "", "--check-prompts", "64",
-                                                  "--json", "-"],
-                                entrypoint=["gemma4-bench"], environment=env, network_mode="host",
-                                remove=True, **kw)
+    out = client.containers.run(
+        M.tag("gaudi2"),
+        ["offline", "--cases", "", "--check-prompts", "64", "--json", "-"],
+        entrypoint=["gemma4-bench"],
+        environment=env,
+        network_mode="host",
+        remove=True,
+        **kw,
+    )
     result = harness_json(out.decode())
     assert result["errors"] == {}, result["errors"]
     check = result["correctness"]
-    assert (check["n"], check["first_token_identical"], check["continuation_identical"]) == (64, 64, 64), \
-        check["summary"]
+    assert (check["n"], check["first_token_identical"], check["continuation_identical"]) == (64, 64, 64), check[
+        "summary"
+    ]

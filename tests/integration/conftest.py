@@ -1,5 +1,6 @@
 """Docker fixtures. Every image a test makes is named gemma4-e2b-test/… or gemma4-e2b-standin/…
 with fixed tags, so the layer cache carries over between runs and nothing collides with users'."""
+
 import sys
 import tempfile
 from pathlib import Path
@@ -8,8 +9,8 @@ import pytest
 from docker.errors import ImageNotFound
 
 from gemma4_images import images, localbase, matrix
-from testkit import tiny_model
 from gemma4_images.docker_build import BuildSpec, build, connect
+from testkit import tiny_model
 
 STANDIN_DOCKERFILE = """\
 ARG ROOTFS_IMAGE
@@ -21,7 +22,8 @@ ENV PATH=/opt/venv/bin:$PATH
 RUN python3 -m venv /opt/venv \\
     && site="$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \\
     && mkdir -p "$site/vllm-{version}.dist-info" \\
-    && printf 'Metadata-Version: 2.1\\nName: vllm\\nVersion: {version}\\n' > "$site/vllm-{version}.dist-info/METADATA" \\
+    && printf 'Metadata-Version: 2.1\\nName: vllm\\nVersion: {version}\\n' \\
+       > "$site/vllm-{version}.dist-info/METADATA" \\
     && printf '#!/bin/sh\\necho {version}\\n' > /usr/local/bin/vllm && chmod +x /usr/local/bin/vllm
 LABEL io.gemma4-images.stand-in="vllm {version} metadata only"
 """
@@ -37,8 +39,12 @@ def client():
     yield client
     # Rebuilding a fixed tag, or a build that fails on purpose, leaves images dangling: remove
     # ours, nobody else's (everything built on our local bases inherits base-inputs).
-    for label in ("io.gemma4-images.target", "io.gemma4-images.stand-in", "io.gemma4-images.test",
-                  localbase.INPUTS_LABEL):
+    for label in (
+        "io.gemma4-images.target",
+        "io.gemma4-images.stand-in",
+        "io.gemma4-images.test",
+        localbase.INPUTS_LABEL,
+    ):
         client.images.prune(filters={"dangling": True, "label": label})
 
 
@@ -55,13 +61,18 @@ def rootfs(client):
 @pytest.fixture(scope="session")
 def standin(client, rootfs):
     """Factory: the metadata-only stand-in base for a vLLM version."""
+
     def make(version="0.30.0"):
         tag = f"gemma4-e2b-standin/vllm-metadata-only:{version}"
         with tempfile.TemporaryDirectory() as ctx:
             (Path(ctx) / "Dockerfile").write_text(STANDIN_DOCKERFILE.replace("{version}", version))
-            build(client, BuildSpec(dockerfile="Dockerfile", tag=tag, context=Path(ctx),
-                                    buildargs={"ROOTFS_IMAGE": rootfs}), log)
+            build(
+                client,
+                BuildSpec(dockerfile="Dockerfile", tag=tag, context=Path(ctx), buildargs={"ROOTFS_IMAGE": rootfs}),
+                log,
+            )
         return tag
+
     return make
 
 
@@ -90,21 +101,29 @@ def cpu_base(client, m):
 @pytest.fixture(scope="session")
 def cuda_standin(client, cpu_base):
     """Factory: the CPU base reporting a CUDA runtime (CUDA_STANDIN_DOCKERFILE)."""
+
     def make(cuda: str) -> str:
         tag = f"gemma4-e2b-standin/vllm-cpu-as-cuda:{cuda}"
         with tempfile.TemporaryDirectory() as ctx:
             (Path(ctx) / "Dockerfile").write_text(CUDA_STANDIN_DOCKERFILE)
-            build(client, BuildSpec(dockerfile="Dockerfile", tag=tag, context=Path(ctx),
-                                    buildargs={"BASE": cpu_base, "CUDA": cuda}), log)
+            build(
+                client,
+                BuildSpec(
+                    dockerfile="Dockerfile", tag=tag, context=Path(ctx), buildargs={"BASE": cpu_base, "CUDA": cuda}
+                ),
+                log,
+            )
         return tag
+
     return make
 
 
 @pytest.fixture(scope="session")
 def cpu_image(client, m, cpu_base):
     """The CPU target built for real on the registry-free base, baking the tiny tokenizer."""
-    return images.build_target(client, m, "cpu", tokenizer_source=str(tiny_model.ensure()),
-                               tag="gemma4-e2b:xeon6-v0.30.0-tiny", log=log)
+    return images.build_target(
+        client, m, "cpu", tokenizer_source=str(tiny_model.ensure()), tag="gemma4-e2b:xeon6-v0.30.0-tiny", log=log
+    )
 
 
 @pytest.fixture(scope="session")
@@ -112,6 +131,7 @@ def fix_observations(cpu_image):
     """What the vLLM-level fixes' probe saw in the CPU image, unpatched and patched (fixes_helpers)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     import fixes_helpers as fx
+
     result = fx.observations()  # runs in fx.IMAGE, the tag cpu_image builds
     # apply_all.py --check, then the apply itself, in the image (vllm-cpu: sha256 guard)
     assert result["check_rc"] == 0 and result["apply_rc"] == 0, result["logs"]["check"] + result["logs"]["apply"]
@@ -121,12 +141,14 @@ def fix_observations(cpu_image):
 @pytest.fixture
 def untagged(client):
     """Factory: the tag, removed first if present, so a test can prove a failed build leaves none."""
+
     def remove(tag: str) -> str:
         try:
             client.images.remove(tag, force=True)
         except ImageNotFound:
             pass
         return tag
+
     return remove
 
 
@@ -137,9 +159,13 @@ def no_new_containers(client):
     Only containers of our images count (they inherit our io.gemma4-images.* labels,
     a failed build's intermediate container too), so other work on the same engine
     cannot make it fail."""
+
     def ours():
-        return {c.id for c in client.containers.list(all=True)
-                if any(key.startswith("io.gemma4-images.") for key in (c.labels or {}))}
+        return {
+            c.id
+            for c in client.containers.list(all=True)
+            if any(key.startswith("io.gemma4-images.") for key in (c.labels or {}))
+        }
 
     before = ours()
     yield
@@ -149,6 +175,7 @@ def no_new_containers(client):
 @pytest.fixture
 def no_new_dangling_images(client):
     """Fails the test if it leaves `<none>` images behind (a failed build must not)."""
+
     def dangling():
         return {i.id for i in client.images.list(filters={"dangling": True})}
 

@@ -3,6 +3,7 @@
 distribution metadata, nothing else. It proves the Gaudi image's pipeline (version guard,
 sha256 check, apply, manifest, labels), not the patches: their proof is in
 tests/unit/test_gaudi_fix_*.py against a real vllm-gaudi checkout."""
+
 from pathlib import Path
 
 from gemma4_images.modules import load_file
@@ -31,10 +32,11 @@ def write_context(ctx: Path, vllm_gaudi_version: str, gaudi_sw: str = "1.24.1.0"
         (site / path).parent.mkdir(parents=True, exist_ok=True)
         (site / path).write_bytes(data)
     (site / "vllm_gaudi" / "__init__.py").write_text("")
-    for dist, version in ((f"vllm_gaudi-{vllm_gaudi_version}", vllm_gaudi_version),
-                          (f"habana_torch_plugin-{gaudi_sw}", gaudi_sw)):
+    for dist, version in (
+        (f"vllm_gaudi-{vllm_gaudi_version}", vllm_gaudi_version),
+        (f"habana_torch_plugin-{gaudi_sw}", gaudi_sw),
+    ):
         meta = site / f"{dist}.dist-info" / "METADATA"
         meta.parent.mkdir(parents=True)
         meta.write_text(f"Metadata-Version: 2.1\nName: {dist.split('-')[0]}\nVersion: {version}\n")
-    (ctx / "Dockerfile").write_text(DOCKERFILE.replace("{version}", vllm_gaudi_version)
-                                    .replace("{gaudi_sw}", gaudi_sw))
+    (ctx / "Dockerfile").write_text(DOCKERFILE.replace("{version}", vllm_gaudi_version).replace("{gaudi_sw}", gaudi_sw))

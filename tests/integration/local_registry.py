@@ -1,6 +1,7 @@
 """A real registry on this machine for tests: Debian's docker-registry (the distribution registry
 2.8), started with its own config on a free loopback port and stopped after. The daemon treats
 127.0.0.0/8 as an insecure registry by default, so no daemon setting is needed."""
+
 import shutil
 import subprocess
 import time
@@ -28,8 +29,10 @@ def start_registry(root: Path, readonly: bool = False, login: tuple[str, str] | 
         subprocess.run(["htpasswd", "-Bbc", str(root / "htpasswd"), *login], check=True, capture_output=True)
         auth = f"auth:\n  htpasswd:\n    realm: gemma4-test\n    path: {root / 'htpasswd'}\n"
     config = root / "config.yml"
-    config.write_text(f"version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n"
-                      f"    rootdirectory: {root / 'data'}{maintenance}\nhttp:\n  addr: 127.0.0.1:{port}\n{auth}")
+    config.write_text(
+        f"version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n"
+        f"    rootdirectory: {root / 'data'}{maintenance}\nhttp:\n  addr: 127.0.0.1:{port}\n{auth}"
+    )
     log = open(root / "registry.log", "w")
     proc = subprocess.Popen([exe, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
     host = f"127.0.0.1:{port}"

@@ -4,6 +4,7 @@ The wheel is downloaded once into ${GEMMA4_CACHE:-/var/cache/gemma4-images}/pip/
 The fix used here is a TEST FIXTURE made by the test (a comment added to one
 line of the real gemma4 tool parser), not one of the pack's fixes.
 """
+
 import base64
 import difflib
 import hashlib
@@ -50,15 +51,23 @@ def env(tmp_path, wheel):
     line = "    supports_required_and_named = False\n"
     assert text.count(line) == 1
     changed = text.replace(line, line.rstrip("\n") + "  # gemma4-images test fixture, not a fix\n")
-    diff = "".join(difflib.unified_diff(text.splitlines(True), changed.splitlines(True),
-                                        "a/" + TARGET, "b/" + TARGET))
+    diff = "".join(difflib.unified_diff(text.splitlines(True), changed.splitlines(True), "a/" + TARGET, "b/" + TARGET))
     (pack / FIXTURE).mkdir(parents=True)
     (pack / FIXTURE / "fix.diff").write_text(diff)
-    (pack / FIXTURE / "fix.json").write_text(json.dumps({
-        "name": FIXTURE, "why": "test fixture: adds a comment to one line of the gemma4 tool parser",
-        "package": "vllm", "files": [TARGET], "opt_in": False,
-        "written_against": "vllm 0.30.0 wheel from PyPI (ced6857a)", "verified": "integration test only",
-        "pre_sha256": {TARGET: digest}}))
+    (pack / FIXTURE / "fix.json").write_text(
+        json.dumps(
+            {
+                "name": FIXTURE,
+                "why": "test fixture: adds a comment to one line of the gemma4 tool parser",
+                "package": "vllm",
+                "files": [TARGET],
+                "opt_in": False,
+                "written_against": "vllm 0.30.0 wheel from PyPI (ced6857a)",
+                "verified": "integration test only",
+                "pre_sha256": {TARGET: digest},
+            }
+        )
+    )
     # The real profile's requirements, with the fixture as its only fix.
     profile = json.loads((PATCHES / "profiles" / "vllm-0.30.0.json").read_text())
     profile.update(generic=[FIXTURE], opt_in=[])
@@ -67,13 +76,25 @@ def env(tmp_path, wheel):
 
     class Env:
         def run(self, *args):
-            cmd = [sys.executable, str(APPLY), "--profile", "vllm-0.30.0", "--root", str(root),
-                   "--pack", str(pack), "--manifest", str(tmp_path / "fixes.json"), *args]
+            cmd = [
+                sys.executable,
+                str(APPLY),
+                "--profile",
+                "vllm-0.30.0",
+                "--root",
+                str(root),
+                "--pack",
+                str(pack),
+                "--manifest",
+                str(tmp_path / "fixes.json"),
+                *args,
+            ]
             return subprocess.run(cmd, capture_output=True, text=True)
 
         def set_commit(self, new):
             version_py = root / "vllm" / "_version.py"
             version_py.write_text(version_py.read_text().replace(REAL_COMMIT, new))
+
     e = Env()
     e.target, e.manifest, e.original, e.changed = root / TARGET, tmp_path / "fixes.json", original, changed
     return e

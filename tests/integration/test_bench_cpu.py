@@ -1,5 +1,6 @@
 """gemma4-bench for real: the CPU image, the tiny model, tiny sizes, both modes. Structure only:
 no timing is asserted (the machines are noisy; BENCHMARKS.md holds the figures)."""
+
 import pytest
 
 from gemma4_images import bench
@@ -7,17 +8,53 @@ from gemma4_images.matrix import ROOT
 
 pytestmark = pytest.mark.integration
 
-OFFLINE = ["offline", "--model", "/models/tiny", "--cases", "prefill-bs16,decode-bs64", "--scale", "0.05",
-           "--enforce-eager", "--max-model-len", "512", "--warmups", "2", "--reps", "3",
-           "--check-prompts", "4", "--json", "-"]
-SERVED = ["served", "--concurrency", "4", "--prompt-tokens", "24", "--max-tokens", "8",
-          "--token-low", "120", "--token-high", "250", "--startup-budget", "300", "--json", "-",
-          "--", "--enforce-eager", "--max-model-len", "512"]
+OFFLINE = [
+    "offline",
+    "--model",
+    "/models/tiny",
+    "--cases",
+    "prefill-bs16,decode-bs64",
+    "--scale",
+    "0.05",
+    "--enforce-eager",
+    "--max-model-len",
+    "512",
+    "--warmups",
+    "2",
+    "--reps",
+    "3",
+    "--check-prompts",
+    "4",
+    "--json",
+    "-",
+]
+SERVED = [
+    "served",
+    "--concurrency",
+    "4",
+    "--prompt-tokens",
+    "24",
+    "--max-tokens",
+    "8",
+    "--token-low",
+    "120",
+    "--token-high",
+    "250",
+    "--startup-budget",
+    "300",
+    "--json",
+    "-",
+    "--",
+    "--enforce-eager",
+    "--max-model-len",
+    "512",
+]
 
 
 def test_the_harness_is_shipped_in_the_image(client, cpu_image):
-    shipped = client.containers.run(cpu_image, ["/usr/local/bin/gemma4-bench"], entrypoint=["cat"],
-                                    remove=True, network_mode="host")
+    shipped = client.containers.run(
+        cpu_image, ["/usr/local/bin/gemma4-bench"], entrypoint=["cat"], remove=True, network_mode="host"
+    )
     assert shipped == (ROOT / "image" / "gemma4_bench.py").read_bytes()
 
 

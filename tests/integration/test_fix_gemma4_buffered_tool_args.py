@@ -9,6 +9,7 @@ unless the value holds ``\\"`` and no bare ``"``; only then ``\\"`` -> ``"`` and
 ``\\\\`` -> ``\\`` (left to right), every other backslash kept.
 How the observations are made: tests/fixes_helpers.py.
 """
+
 import json
 import os
 import sys
@@ -66,7 +67,7 @@ def test_unpatched_arguments_keep_the_models_backslashes(obs, name):
     got = calls(obs["unpatched"][name])
     assert [n for n, _ in got] == [n for n, _ in expected]
     assert got != expected
-    assert any('\\"' in text for text in strings(got))   # a backslash before a quote
+    assert any('\\"' in text for text in strings(got))  # a backslash before a quote
 
 
 def test_unpatched_streaming_sends_arguments_in_several_deltas(obs):
@@ -97,6 +98,6 @@ def test_legitimate_backslashes_are_left_alone(obs):
     """A value with a bare quote, or without any escaped quote, is verbatim: the
     fix must not change it (both sides give the same arguments)."""
     assert calls(obs["patched"]["verbatim_backslashes"]) == calls(obs["unpatched"]["verbatim_backslashes"])
-    (_, args), = calls(obs["patched"]["escaped_code"])
-    assert args["path"] == "C:\\Users"            # \U is no escape pair
-    assert args["code"].endswith(")\\n")           # \n stays backslash + n
+    ((_, args),) = calls(obs["patched"]["escaped_code"])
+    assert args["path"] == "C:\\Users"  # \U is no escape pair
+    assert args["code"].endswith(")\\n")  # \n stays backslash + n

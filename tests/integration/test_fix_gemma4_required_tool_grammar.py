@@ -11,6 +11,7 @@ builtin hidden (the fix then uses its own Gemma-syntax grammar), and real xgramm
 (vLLM 0.30.0's floor, without the builtin).
 How the observations are made: tests/fixes_helpers.py.
 """
+
 import os
 import sys
 
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.integration
 
 ANY_TOOL = {"say_call", "say_call_quotes", "run_call", "two_calls"}
 SAY_ONLY = {"say_call", "say_call_quotes"}
-THOUGHT = {"thought_then_call"}   # a thought block, then a call of "say"
+THOUGHT = {"thought_then_call"}  # a thought block, then a call of "say"
 FORCED = {"required": ANY_TOOL, "named_say": SAY_ONLY}
 
 
@@ -57,24 +58,24 @@ def test_unpatched_forced_tool_choice_sets_no_grammar(result, choice):
 def check_forced(entry, accepted, fallback, chat=True):
     assert "probe_error" not in entry, entry["probe_error"]
     assert entry["structural_tag"] is not None, entry
-    assert entry["valid"] is True                       # vLLM's validate_xgrammar_grammar
+    assert entry["valid"] is True  # vLLM's validate_xgrammar_grammar
     assert entry["fallback_grammar"] is fallback
     assert {name for name, ok in entry["accepts"].items() if ok} == accepted
-    if not chat:                                        # Responses: vLLM's reasoning gate stays
+    if not chat:  # Responses: vLLM's reasoning gate stays
         assert entry["grammar_from_parser"] is None
         return
-    for name in accepted:            # what the grammar allows, the parser reads, streaming too
+    for name in accepted:  # what the grammar allows, the parser reads, streaming too
         names = [n for n in ("say", "run") if n in fx.GRAMMAR_CANDIDATES[name]]
         assert entry["parsed"][name] == names and entry["streamed"][name] == names, name
     assert entry["skip_special_tokens"] is False
-    assert entry["grammar_from_parser"] is True         # so the serving layer sets reasoning_ended
+    assert entry["grammar_from_parser"] is True  # so the serving layer sets reasoning_ended
 
 
 @pytest.mark.parametrize("choice", ["required", "named_say"])
 @pytest.mark.parametrize("reasoning", ["", "+reasoning"])
 def test_patched_schema_arguments_on_xgrammar_0_2_9(result, choice, reasoning):
     data = grammar("patched")
-    assert data["builtin_gemma_4"] is True              # the image's xgrammar 0.2.9
+    assert data["builtin_gemma_4"] is True  # the image's xgrammar 0.2.9
     check_forced(data[choice + reasoning], forced(choice, reasoning), fallback=False)
 
 
@@ -106,8 +107,14 @@ def test_patched_on_real_xgrammar_0_2_1(result, choice, reasoning):
 def test_patched_prose_and_json_are_rejected(result):
     for key in ("required", "named_say", "required+no_builtin", "named_say+no_builtin"):
         accepts = grammar("patched")[key]["accepts"]
-        for name in ("prose", "prose_then_call", "json_call", "unknown_tool", "call_end_inside_string",
-                     "say_call_subword"):
+        for name in (
+            "prose",
+            "prose_then_call",
+            "json_call",
+            "unknown_tool",
+            "call_end_inside_string",
+            "say_call_subword",
+        ):
             assert accepts[name] is False, (key, name)
 
 

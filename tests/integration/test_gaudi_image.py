@@ -3,19 +3,19 @@ and what the build's self-check imports) plus a vllm-gaudi made of the upstream 
 pack was written against (gaudi_standin.py). It proves the pipeline: the profile's version guard
 and sha256 check, the pack applied in order, fixes.json, labels, the baked tokenizer and the
 recipe's exact launch — not the fixes' behaviour on HPU."""
+
 import json
 import shlex
 import tempfile
 from pathlib import Path
 
+import gaudi_standin
 import pytest
 from docker.errors import ImageNotFound
 
 from gemma4_images import images
-from testkit import tiny_model
 from gemma4_images.docker_build import BuildFailed, BuildSpec, build
-
-import gaudi_standin
+from testkit import tiny_model
 
 pytestmark = pytest.mark.integration
 
@@ -26,17 +26,27 @@ def gaudi_base(client, cpu_base):
         tag = f"gemma4-e2b-standin/vllm-gaudi-synth:{version.replace('+', '-')}"
         with tempfile.TemporaryDirectory() as ctx:
             gaudi_standin.write_context(Path(ctx), version)
-            build(client, BuildSpec(dockerfile="Dockerfile", tag=tag, context=Path(ctx),
-                                    buildargs={"BASE": cpu_base}), print)
+            build(
+                client,
+                BuildSpec(dockerfile="Dockerfile", tag=tag, context=Path(ctx), buildargs={"BASE": cpu_base}),
+                print,
+            )
         return tag
+
     return make
 
 
 @pytest.fixture(scope="module")
 def gaudi_image(client, m, gaudi_base):
-    return images.build_target(client, m, "gaudi2", base_override=gaudi_base("0.30.0+g058f107"),
-                               tokenizer_source=str(tiny_model.ensure()), tag="gemma4-e2b-test/gaudi2:standin",
-                               log=print)
+    return images.build_target(
+        client,
+        m,
+        "gaudi2",
+        base_override=gaudi_base("0.30.0+g058f107"),
+        tokenizer_source=str(tiny_model.ensure()),
+        tag="gemma4-e2b-test/gaudi2:standin",
+        log=print,
+    )
 
 
 def run(client, image, args, **kw):
@@ -59,20 +69,25 @@ def test_fixes_are_applied_recorded_and_labelled(client, m, gaudi_image):
 
 def test_recipe_environment_is_baked(client, gaudi_image):
     env = dict(e.split("=", 1) for e in client.images.get(gaudi_image).attrs["Config"]["Env"])
-    assert (env["PT_HPU_LAZY_MODE"], env["VLLM_ENGINE_ITERATION_TIMEOUT_S"], env["VLLM_RPC_TIMEOUT"]) == \
-        ("1", "3600", "3600000")
+    assert (env["PT_HPU_LAZY_MODE"], env["VLLM_ENGINE_ITERATION_TIMEOUT_S"], env["VLLM_RPC_TIMEOUT"]) == (
+        "1",
+        "3600",
+        "3600000",
+    )
     assert "VLLM_SKIP_WARMUP" not in env
 
 
 def test_runtime_choices_reach_the_launch(client, gaudi_image):
-    out = run(client, gaudi_image, ["--print-command", "--max-num-seqs", "8"],
-              environment={"GEMMA4_FEATURES": "+reasoning"})
+    out = run(
+        client, gaudi_image, ["--print-command", "--max-num-seqs", "8"], environment={"GEMMA4_FEATURES": "+reasoning"}
+    )
     assert out.strip().endswith("--reasoning-parser gemma4 --tokenizer /opt/gemma4-e2b/tokenizer --max-num-seqs 8")
 
 
 def test_skip_warmup_stops_the_container(client, gaudi_image):
-    container = client.containers.run(gaudi_image, [], environment={"VLLM_SKIP_WARMUP": "false"},
-                                      detach=True, network_mode="host")
+    container = client.containers.run(
+        gaudi_image, [], environment={"VLLM_SKIP_WARMUP": "false"}, detach=True, network_mode="host"
+    )
     try:
         assert container.wait(timeout=60)["StatusCode"] == 2
         assert b"any non-empty value" in container.logs()
@@ -80,12 +95,20 @@ def test_skip_warmup_stops_the_container(client, gaudi_image):
         container.remove(force=True)
 
 
-def test_wrong_vllm_gaudi_fails_the_build_untagged(client, m, gaudi_base, untagged, no_new_containers,
-                                                   no_new_dangling_images):
+def test_wrong_vllm_gaudi_fails_the_build_untagged(
+    client, m, gaudi_base, untagged, no_new_containers, no_new_dangling_images
+):
     tag = untagged("gemma4-e2b-test/gaudi2:wrong-commit")
     with pytest.raises(BuildFailed) as e:
-        images.build_target(client, m, "gaudi2", base_override=gaudi_base("0.30.0+g1234567"),
-                            tokenizer_source=str(tiny_model.ensure()), tag=tag, log=print)
+        images.build_target(
+            client,
+            m,
+            "gaudi2",
+            base_override=gaudi_base("0.30.0+g1234567"),
+            tokenizer_source=str(tiny_model.ensure()),
+            tag=tag,
+            log=print,
+        )
     log = "\n".join(e.value.tail) + e.value.error
     assert "expected 058f107" in log and "1234567" in log
     assert "set fixes: null" in log

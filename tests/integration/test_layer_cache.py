@@ -1,5 +1,6 @@
 """Layer order: editing one patch rebuilds the fixes layer and what follows it, never the layers
 before it (the base, the entrypoint, the upstream files, the tokenizer copy)."""
+
 import json
 import shutil
 import uuid
@@ -14,8 +15,16 @@ pytestmark = pytest.mark.integration
 
 def build_steps(client, m, base, context):
     lines = []
-    images.build_target(client, m, "cpu", base_override=base, tokenizer_source=str(tiny_model.ensure()),
-                        tag="gemma4-e2b-test/xeon6:layers", context=context, log=lines.append)
+    images.build_target(
+        client,
+        m,
+        "cpu",
+        base_override=base,
+        tokenizer_source=str(tiny_model.ensure()),
+        tag="gemma4-e2b-test/xeon6:layers",
+        context=context,
+        log=lines.append,
+    )
     steps, cached = [], set()
     for line in lines:
         if line.strip().startswith("Step "):
@@ -33,7 +42,7 @@ def test_a_patch_edit_rebuilds_only_from_the_fixes_layer(client, cpu_base, tmp_p
         src = matrix.ROOT / item
         (shutil.copytree if src.is_dir() else shutil.copy)(src, context / item)
     m = matrix.load()
-    build_steps(client, m, base, context)                       # warm the cache
+    build_steps(client, m, base, context)  # warm the cache
     steps, cached = build_steps(client, m, base, context)
     assert set(steps[2:]) <= cached, "a no-change rebuild must rebuild nothing"
 
@@ -45,6 +54,6 @@ def test_a_patch_edit_rebuilds_only_from_the_fixes_layer(client, cpu_base, tmp_p
     steps, cached = build_steps(client, m, base, context)
     first_rebuilt = next(s for s in steps[2:] if s not in cached)
     assert first_rebuilt.startswith("COPY patches/")
-    before = steps[2:steps.index(first_rebuilt)]
+    before = steps[2 : steps.index(first_rebuilt)]
     assert any(s.startswith("COPY .build/tokenizer/") for s in before)
     assert set(before) <= cached

@@ -1,5 +1,6 @@
 """No secret reaches an image: a build run with HF_TOKEN in its environment leaves the value in no
 layer, history entry, label or env var. The scanner is shown to catch a leak first."""
+
 import json
 import os
 import secrets
@@ -35,14 +36,18 @@ def files_holding(client, image, base_layers: list[str], needle: bytes) -> list[
     driver's own diff folders where it is overlay2 (the base's gigabytes are skipped, not read),
     else from `docker save`."""
     layers = image.attrs["RootFS"]["Layers"]
-    assert layers[:len(base_layers)] == base_layers, "the image is not built on the base it names"
+    assert layers[: len(base_layers)] == base_layers, "the image is not built on the base it names"
     added = len(layers) - len(base_layers)
     driver = image.attrs["GraphDriver"]
     if driver["Name"] == "overlay2":
         # UpperDir is the top layer; LowerDir lists the others from the top down.
         dirs = [driver["Data"]["UpperDir"], *driver["Data"].get("LowerDir", "").split(":")][:added]
-        return [str(path.relative_to(folder)) for folder in map(Path, dirs) for path in folder.rglob("*")
-                if path.is_file() and not path.is_symlink() and needle in path.read_bytes()]
+        return [
+            str(path.relative_to(folder))
+            for folder in map(Path, dirs)
+            for path in folder.rglob("*")
+            if path.is_file() and not path.is_symlink() and needle in path.read_bytes()
+        ]
     found = []
     with tempfile.TemporaryFile() as saved:
         for chunk in image.save(named=False):
@@ -50,10 +55,13 @@ def files_holding(client, image, base_layers: list[str], needle: bytes) -> list[
         saved.seek(0)
         with tarfile.open(fileobj=saved) as outer:
             manifest = json.load(outer.extractfile("manifest.json"))[0]
-            for layer_path in manifest["Layers"][len(base_layers):]:
+            for layer_path in manifest["Layers"][len(base_layers) :]:
                 with tarfile.open(fileobj=outer.extractfile(layer_path)) as layer:
-                    found += [member.name for member in layer
-                              if member.isfile() and needle in layer.extractfile(member).read()]
+                    found += [
+                        member.name
+                        for member in layer
+                        if member.isfile() and needle in layer.extractfile(member).read()
+                    ]
     return found
 
 
@@ -62,9 +70,16 @@ def test_scanner_catches_a_leak(client):
     rootfs = localbase.rootfs(client, print)
     with tempfile.TemporaryDirectory() as ctx:
         Path(ctx, "Dockerfile").write_text(
-            f"FROM {rootfs}\nARG T\nRUN echo \"$T\" > /leak\nLABEL org.opencontainers.image.base.name={rootfs} io.gemma4-images.test=\"deliberate leak\"\n")
-        build(client, BuildSpec(dockerfile="Dockerfile", tag="gemma4-e2b-test/leaky:scan", context=Path(ctx),
-                                buildargs={"T": secret}), print)
+            f'FROM {rootfs}\nARG T\nRUN echo "$T" > /leak\n'
+            f'LABEL org.opencontainers.image.base.name={rootfs} io.gemma4-images.test="deliberate leak"\n'
+        )
+        build(
+            client,
+            BuildSpec(
+                dockerfile="Dockerfile", tag="gemma4-e2b-test/leaky:scan", context=Path(ctx), buildargs={"T": secret}
+            ),
+            print,
+        )
     found = places_holding(client, "gemma4-e2b-test/leaky:scan", secret)
     assert any(f.startswith("history") for f in found) and "file /leak" in found
 
@@ -74,9 +89,13 @@ def test_build_with_a_token_in_the_environment_leaks_nothing(client, cpu_base):
     secret = "hf_" + secrets.token_hex(16)
     tag = "gemma4-e2b-test/xeon6:secret-scan"
     env = {**os.environ, "HF_TOKEN": secret, "HUGGING_FACE_HUB_TOKEN": secret}
-    run = subprocess.run([sys.executable, "build.py", "build", "cpu", "--tiny", "--tag", tag,
-                          "--base-image", cpu_base],
-                         cwd=matrix.ROOT, env=env, capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, "build.py", "build", "cpu", "--tiny", "--tag", tag, "--base-image", cpu_base],
+        cwd=matrix.ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     assert secret not in run.stdout + run.stderr
     assert places_holding(client, tag, secret) == []

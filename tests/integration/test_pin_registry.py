@@ -1,6 +1,7 @@
 """`build.py pin` against a real registry on 127.0.0.1: it records the digest the registry has for
 a base's tag, keeps the rest of targets.yaml as it was, `--check` names a tag whose digest moved,
 and a build then pulls exactly the pinned image (and labels it with that digest)."""
+
 import difflib
 import subprocess
 import sys
@@ -9,13 +10,13 @@ from pathlib import Path
 
 import pytest
 from docker.errors import ImageNotFound
+from local_registry import start_registry, stop_registry
 
 from gemma4_images import facts, images, matrix
 from gemma4_images.docker_build import BuildSpec, base_digest, build, local_image
-from local_registry import start_registry, stop_registry
 
 pytestmark = pytest.mark.integration
-TAG = "vllm/vllm-openai:v0.30.0-cu129"   # h100's base; h200 shares it through a YAML anchor
+TAG = "vllm/vllm-openai:v0.30.0-cu129"  # h100's base; h200 shares it through a YAML anchor
 DOCKERFILE = """\
 ARG BASE
 FROM ${BASE}
@@ -45,8 +46,13 @@ def publish_base(client, rootfs, host):
     def publish(stamp: str) -> str:
         with tempfile.TemporaryDirectory() as ctx:
             (Path(ctx) / "Dockerfile").write_text(DOCKERFILE)
-            build(client, BuildSpec(dockerfile="Dockerfile", tag=ref, context=Path(ctx),
-                                    buildargs={"BASE": rootfs, "STAMP": stamp}), print)
+            build(
+                client,
+                BuildSpec(
+                    dockerfile="Dockerfile", tag=ref, context=Path(ctx), buildargs={"BASE": rootfs, "STAMP": stamp}
+                ),
+                print,
+            )
         digest = None
         for chunk in client.api.push(ref.rsplit(":", 1)[0], tag=ref.rsplit(":", 1)[1], stream=True, decode=True):
             assert "error" not in chunk, chunk
@@ -78,11 +84,12 @@ def pinned(publish_base, targets_file):
 
 def test_pin_records_the_registry_digest_and_nothing_else(host, targets_file, pinned):
     before, digest, run = pinned
-    assert f"UNPINNED" not in run.stdout and "MOVED" in run.stdout  # the committed digest is another one
+    assert "UNPINNED" not in run.stdout and "MOVED" in run.stdout  # the committed digest is another one
     assert "pinned 1 base(s)" in run.stdout
-    changed = [line for line in difflib.ndiff(before.splitlines(), targets_file.read_text().splitlines())
-               if line[:1] in "+-"]
-    assert len(changed) == 2, changed          # one digest line replaced, every comment kept
+    changed = [
+        line for line in difflib.ndiff(before.splitlines(), targets_file.read_text().splitlines()) if line[:1] in "+-"
+    ]
+    assert len(changed) == 2, changed  # one digest line replaced, every comment kept
     assert changed[0].startswith("-       digest: sha256:58fdb6bb")
     assert changed[1].startswith(f"+       digest: {digest}  # pinned by `build.py pin` from {host} on ")
     loaded = matrix.load(targets_file)
@@ -112,11 +119,11 @@ def test_a_build_pulls_the_pinned_digest_and_labels_it(client, host, targets_fil
         client.images.remove(img.id, force=True)
     with pytest.raises(ImageNotFound):
         client.images.get(ref)
-    base = images.resolve_base(client, m, "h100", None, print)   # pulls image@digest
+    base = images.resolve_base(client, m, "h100", None, print)  # pulls image@digest
     assert base == ref
     pulled = local_image(client, ref)
     probe = client.containers.run(ref, ["cat", "/gemma4-pin-probe"], remove=True, network_mode="host")
-    assert probe == b"first\n"                                   # the pinned image, not the moved tag
+    assert probe == b"first\n"  # the pinned image, not the moved tag
     digest = base_digest(pulled, base)
     assert digest == first
-    assert facts.facts(m, "h100", base, digest)["GEMMA4_BASE_DIGEST"] == first   # -> base.digest label
+    assert facts.facts(m, "h100", base, digest)["GEMMA4_BASE_DIGEST"] == first  # -> base.digest label

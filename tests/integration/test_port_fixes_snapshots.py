@@ -18,6 +18,7 @@ test_the_snapshots_differ_from_091bbadd_as_stated_above):
 - v0.27.0rc0 patches.py line 281 joins 091bbadd's lines 281-282
   (`staticmethod(  # type: ignore[method-assign]` / `_hpu_gather_logprobs)`) into one,
   and that second line is the first context line of seeded-sampling's first hunk."""
+
 import json
 import os
 import py_compile
@@ -36,8 +37,11 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 PORT = REPO / "scripts" / "port-fixes.py"
 SNAPSHOTS = REPO.parent / "shared" / "upstream"
-ARCHIVES = {"main": "vllm-gaudi-main-091bbadd.tar.gz", "v0.26.0": "vllm-gaudi-releases-v0.26.0-b059f9c9.tar.gz",
-            "v0.27.0rc0": "vllm-gaudi-v0.27.0rc0-d01a3cae.tar.gz"}
+ARCHIVES = {
+    "main": "vllm-gaudi-main-091bbadd.tar.gz",
+    "v0.26.0": "vllm-gaudi-releases-v0.26.0-b059f9c9.tar.gz",
+    "v0.27.0rc0": "vllm-gaudi-v0.27.0rc0-d01a3cae.tar.gz",
+}
 PATCHES, HPU_RUNNER = "vllm_gaudi/patches.py", "vllm_gaudi/v1/worker/hpu_model_runner.py"
 ATTN = "vllm_gaudi/attention/backends/hpu_attn.py"
 CHANGED = {PATCHES, HPU_RUNNER, ATTN}
@@ -49,13 +53,15 @@ CARRIED = ("tests", "gaudi_checks", "hunks_gaudi_only")  # fix.json keys a port 
 def trees(tmp_path_factory):
     missing = [name for name in ARCHIVES.values() if not (SNAPSHOTS / name).is_file()]
     if missing:
-        pytest.fail(f"missing vllm-gaudi snapshot(s) {', '.join(missing)} in {SNAPSHOTS} (see the README.md there; "
-                    "CI's clone sits beside ../shared as this one does)")
+        pytest.fail(
+            f"missing vllm-gaudi snapshot(s) {', '.join(missing)} in {SNAPSHOTS} (see the README.md there; "
+            "CI's clone sits beside ../shared as this one does)"
+        )
     root = tmp_path_factory.mktemp("upstream")
     for name in ARCHIVES.values():  # as vllm-gaudi-releases-v0.26.0-b059f9c9/vllm-gaudi: the port's label
         with tarfile.open(SNAPSHOTS / name) as tar:
-            tar.extractall(root / name[:-len(".tar.gz")], filter="data")
-    return {key: root / name[:-len(".tar.gz")] / "vllm-gaudi" for key, name in ARCHIVES.items()}
+            tar.extractall(root / name[: -len(".tar.gz")], filter="data")
+    return {key: root / name[: -len(".tar.gz")] / "vllm-gaudi" for key, name in ARCHIVES.items()}
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +86,11 @@ def decide(aa, pack, tree, force=False, names=None):
     """The applier's plan (the decision apply_all.py and check-fixes.sh both make) for the pack's
     vllm_gaudi fixes (only those named, if names), in pack order, on tree."""
     prof = aa.load_profile(str(pack), "v0.30.0")
-    fixes = [aa.load_fix(str(pack), n, n in prof["opt_in"]) for n in prof["generic"] + prof["opt_in"]
-             if names is None or n in names]
+    fixes = [
+        aa.load_fix(str(pack), n, n in prof["opt_in"])
+        for n in prof["generic"] + prof["opt_in"]
+        if names is None or n in names
+    ]
     return aa.plan([f for f in fixes if f["package"] == "vllm_gaudi"], str(tree), force=force)
 
 
@@ -100,8 +109,9 @@ def assert_exact(aa, pack, tree, names=None):
     files it was written against; the result compiles. Returns the patched files."""
     files, report, _ = decide(aa, pack, tree, names=names)
     assert [e["fix"]["name"] for e in report] == list(names or [e["fix"]["name"] for e in report])
-    assert [(e["fix"]["name"], e["state"], e["notes"], e["errors"]) for e in report if e["state"] != "apply"
-            or e["notes"]] == []
+    assert [
+        (e["fix"]["name"], e["state"], e["notes"], e["errors"]) for e in report if e["state"] != "apply" or e["notes"]
+    ] == []
     for path, text in files.items():
         target = tree.parent / "compiled" / path
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -125,19 +135,22 @@ def assert_fast_prefill_conflict(aa, trees, out, stdout, runner="rebased"):
     merge-file's block, in port.json and as printed."""
     files = next(f for f in json.loads((out / "port.json").read_text())["fixes"] if f["name"] == FAST)["files"]
     assert {p: f["state"] for p, f in files.items()} == {
-        ATTN: "conflict", "vllm_gaudi/models/gemma4.py": "exact",
-        "vllm_gaudi/v1/attention/backends/hpu_attn.py": "exact", HPU_RUNNER: runner}
+        ATTN: "conflict",
+        "vllm_gaudi/models/gemma4.py": "exact",
+        "vllm_gaudi/v1/attention/backends/hpu_attn.py": "exact",
+        HPU_RUNNER: runner,
+    }
     (hunk,) = fix_hunks(aa, FAST, ATTN)
     base, upstream = lines(trees["main"] / ATTN)[662:667], lines(trees["v0.26.0"] / ATTN)[660:662]
     wants = base[:2] + [t for tag, t in hunk.lines if tag == "+"] + base[-1:]
     assert files[ATTN]["kind"] == "overlap"
     assert files[ATTN]["conflicts"] == [{"line": 661, "upstream": upstream, "base": base, "fix": wants}]
-    report = stdout[stdout.index(f"CONFLICT         {FAST}"):].splitlines()
+    report = stdout[stdout.index(f"CONFLICT         {FAST}") :].splitlines()
     shown = [f"      {ATTN}: git merge-file conflict at line 661 of the new tree's file:", "        upstream now:"]
     shown += [f"          | {t.rstrip()}" for t in upstream] + ["        the fix was made against:"]
     shown += [f"          | {t.rstrip()}" for t in base] + ["        the fix wants:"]
     shown += [f"          | {t.rstrip()}" for t in wants]
-    assert report[1:len(shown) + 1] == shown
+    assert report[1 : len(shown) + 1] == shown
     merged = (out / FAST / "conflict" / ATTN).read_text()
     assert merged.count("<<<<<<< vllm-gaudi ") == 1 and "\n>>>>>>> gemma4-fast-prefill\n" in merged
     assert (out / FAST / "conflict" / (ATTN + ".before")).read_bytes() == (trees["v0.26.0"] / ATTN).read_bytes()
@@ -164,10 +177,15 @@ def test_the_snapshots_differ_from_091bbadd_as_stated_above(trees, aa):
     assert [t.strip() for t in main[662:667]] == [
         "# Exception: sliding window with contiguous PA needs gather-by-id because",
         "# window_block_list contains scattered block IDs (not identity layout).",
-        "_set_fetch_by_id(self.k_cache, False)", "_set_fetch_by_id(self.v_cache, False)", ""]
+        "_set_fetch_by_id(self.k_cache, False)",
+        "_set_fetch_by_id(self.v_cache, False)",
+        "",
+    ]
     assert [t.strip() for t in old[660:663]] == [
-        "_set_fetch_by_id(self.k_cache, False)", "_set_fetch_by_id(self.v_cache, False)",
-        "if self.sliding_window and \\"]
+        "_set_fetch_by_id(self.k_cache, False)",
+        "_set_fetch_by_id(self.v_cache, False)",
+        "if self.sliding_window and \\",
+    ]
     by_id = "_set_fetch_by_id(self.k_cache, True)"  # prefill; and in 091bbadd the sliding-window decode
     assert [i + 1 for i, t in enumerate(main) if by_id in t] == [628, 671]
     assert [i + 1 for i, t in enumerate(old) if by_id in t] == [626]
@@ -183,8 +201,9 @@ def test_port_to_v026_rebases_all_but_fast_prefill_and_those_apply_exactly(trees
     assert result.returncode == 1, result.stdout + result.stderr
     fixes = gaudi_fixes(aa)
     clean = [n for n in fixes if n != FAST]
-    assert states(out) == {n: "conflict" if n == FAST else "rebased" if files & CHANGED else "exact"
-                           for n, files in fixes.items()}
+    assert states(out) == {
+        n: "conflict" if n == FAST else "rebased" if files & CHANGED else "exact" for n, files in fixes.items()
+    }
     assert sum(s == "rebased" for s in states(out).values()) == 5
     assert_fast_prefill_conflict(aa, trees, out, result.stdout)
     assert f"written: {', '.join(clean)} (7 of 8 fixes); checked: they apply exactly" in result.stdout
@@ -193,8 +212,9 @@ def test_port_to_v026_rebases_all_but_fast_prefill_and_those_apply_exactly(trees
     # same 7 fixes, 5 of them at offsets (each uniquely and exactly, so the same change), giving
     # the same files as the merge; gemma4-fast-prefill does not apply even forced.
     _, report, _ = decide(aa, REPO / "patches", trees["v0.26.0"], force=True)
-    assert {e["fix"]["name"]: (e["state"], bool(e["notes"])) for e in report} == \
-        {n: ("fails" if n == FAST else "apply", bool(fixes[n] & CHANGED) and n != FAST) for n in fixes}
+    assert {e["fix"]["name"]: (e["state"], bool(e["notes"])) for e in report} == {
+        n: ("fails" if n == FAST else "apply", bool(fixes[n] & CHANGED) and n != FAST) for n in fixes
+    }
     assert decide(aa, REPO / "patches", trees["v0.26.0"], force=True, names=clean)[0] == ported
     for name in clean:
         meta, original = (json.loads((pack / name / "fix.json").read_text()) for pack in (out, REPO / "patches"))
@@ -214,13 +234,23 @@ def test_applier_and_check_fixes_refuse_the_same_fixes_on_v026(trees, aa):
     assert refused == {n for n, files in gaudi_fixes(aa).items() if files & CHANGED}
     for e in report:
         if e["state"] == "fails":
-            assert any(f"is not the file fix {e['fix']['name']} was written against (vllm-gaudi main "
-                       "091bbadda10bee4fd3f6d0efc1844d2610dd2707, sha256" in line for line in e["errors"]), e["errors"]
-    check = subprocess.run([str(REPO / "scripts" / "check-fixes.sh"), str(trees["v0.26.0"])],
-                           env=dict(os.environ, PYTHON=sys.executable), capture_output=True, text=True)
+            assert any(
+                f"is not the file fix {e['fix']['name']} was written against (vllm-gaudi main "
+                "091bbadda10bee4fd3f6d0efc1844d2610dd2707, sha256" in line
+                for line in e["errors"]
+            ), e["errors"]
+    check = subprocess.run(
+        [str(REPO / "scripts" / "check-fixes.sh"), str(trees["v0.26.0"])],
+        env=dict(os.environ, PYTHON=sys.executable),
+        capture_output=True,
+        text=True,
+    )
     assert check.returncode != 0
-    not_exact = {line.split()[-1] for line in check.stdout.splitlines()
-                 if line.startswith("  ") and line.split()[0] in ("FAILS", "OFFSET", "ALREADY")}
+    not_exact = {
+        line.split()[-1]
+        for line in check.stdout.splitlines()
+        if line.startswith("  ") and line.split()[0] in ("FAILS", "OFFSET", "ALREADY")
+    }
     assert not_exact == refused, check.stdout
 
 
@@ -233,30 +263,45 @@ def test_port_to_v027_reports_seeded_sampling_and_fast_prefill_as_conflicts(tree
     assert set(got.values()) <= {"exact", "rebased"}
     # its hpu_model_runner.py diff is stacked on seeded-sampling's, which is not ported
     assert_fast_prefill_conflict(aa, trees, out, result.stdout, runner="blocked")
-    assert f"      {HPU_RUNNER}: not ported: seeded-sampling, before it in pack order, edits this file and is not " \
-           "ported (it conflicts); resolve that first" in result.stdout
+    assert (
+        f"      {HPU_RUNNER}: not ported: seeded-sampling, before it in pack order, edits this file and is not "
+        "ported (it conflicts); resolve that first" in result.stdout
+    )
     header = fix_hunks(aa, "seeded-sampling", PATCHES)[0].header
     seeded = json.loads((out / "port.json").read_text())["fixes"]
     seeded = next(f for f in seeded if f["name"] == "seeded-sampling")["files"]
     assert seeded[PATCHES]["kind"] == "context" and seeded[HPU_RUNNER]["state"] == "rebased"
-    assert seeded[PATCHES]["conflicts"] == [{"hunk": header, "line": 290, "base": ["        _hpu_gather_logprobs)\n"],
-                                             "upstream": [lines(trees["v0.27.0rc0"] / PATCHES)[280]]}]
+    assert seeded[PATCHES]["conflicts"] == [
+        {
+            "hunk": header,
+            "line": 290,
+            "base": ["        _hpu_gather_logprobs)\n"],
+            "upstream": [lines(trees["v0.27.0rc0"] / PATCHES)[280]],
+        }
+    ]
     text = result.stdout
-    report = text[text.index("CONFLICT         seeded-sampling"):].splitlines()
-    assert report[1].startswith(f"      {PATCHES}: hunk {header}: upstream changed lines of its context, now near "
-                                "line 290")
-    assert report[2:6] == ["        the fix was made against:", "          |         _hpu_gather_logprobs)",
-                           "        upstream now:",
-                           "          |     _sampler_mod.Sampler.gather_logprobs = staticmethod(_hpu_gather_logprobs)"]
+    report = text[text.index("CONFLICT         seeded-sampling") :].splitlines()
+    assert report[1].startswith(
+        f"      {PATCHES}: hunk {header}: upstream changed lines of its context, now near line 290"
+    )
+    assert report[2:6] == [
+        "        the fix was made against:",
+        "          |         _hpu_gather_logprobs)",
+        "        upstream now:",
+        "          |     _sampler_mod.Sampler.gather_logprobs = staticmethod(_hpu_gather_logprobs)",
+    ]
     assert not (out / "seeded-sampling" / "fix.json").exists()
     assert (out / "seeded-sampling" / "conflict" / PATCHES).is_file()
     assert_exact(aa, out, trees["v0.27.0rc0"], [n for n in gaudi_fixes(aa) if n not in ("seeded-sampling", FAST)])
     # the applier's own refusal of the old pack names the hunk and where its lines are now
     _, plan, _ = decide(aa, REPO / "patches", trees["v0.27.0rc0"])
     refusal = next(e for e in plan if e["fix"]["name"] == "seeded-sampling")
-    assert any(f"hunk {header}" in line and "its lines now best match at line 290" in line
-               and "found '    _sampler_mod.Sampler.gather_logprobs = staticmethod(_hpu_gather_logprobs)\\n'" in line
-               for line in refusal["errors"]), refusal["errors"]
+    assert any(
+        f"hunk {header}" in line
+        and "its lines now best match at line 290" in line
+        and "found '    _sampler_mod.Sampler.gather_logprobs = staticmethod(_hpu_gather_logprobs)\\n'" in line
+        for line in refusal["errors"]
+    ), refusal["errors"]
 
 
 def test_port_to_v027_with_the_merge_accepted_applies_seeded_sampling_exactly(trees, tmp_path, aa):
@@ -265,15 +310,16 @@ def test_port_to_v027_with_the_merge_accepted_applies_seeded_sampling_exactly(tr
     assert result.returncode == 1, "gemma4-fast-prefill's overlap is not a merge to accept"
     assert states(out)["seeded-sampling"] == "rebased" and states(out)[FAST] == "conflict"
     header = fix_hunks(aa, "seeded-sampling", PATCHES)[0].header
-    assert f"{PATCHES}: hunk {header}: upstream changed its context; git's merge taken (--accept-merge)" \
-        in result.stdout
+    assert (
+        f"{PATCHES}: hunk {header}: upstream changed its context; git's merge taken (--accept-merge)" in result.stdout
+    )
     clean = [n for n in gaudi_fixes(aa) if n != FAST]
     files = assert_exact(aa, out, trees["v0.27.0rc0"], clean)
     # git's merge put the fix's code right after upstream's one-line assignment, where the fix
     # put it after the two-line one, and registered its patch in the plugin hook
     patched = files[PATCHES]
     at = patched.index("    _sampler_mod.Sampler.gather_logprobs = staticmethod(_hpu_gather_logprobs)\n")
-    assert patched[at + 1:at + 4] == ["\n", "\n", "class SeededDraws:\n"]
+    assert patched[at + 1 : at + 4] == ["\n", "\n", "class SeededDraws:\n"]
     assert patched[patched.index("        _patch_gather_logprobs()\n") + 1] == "        _patch_random_sample()\n"
     # Ported twice (091bbadd -> v0.26.0 -> v0.27.0rc0, the second port finding its upstream
     # files in the v0.26.0 snapshot by sha256) gives the same files as ported once. The first
@@ -321,9 +367,23 @@ def test_a_rebased_pack_passes_the_fixes_tests_with_its_coverage_marked_stale(tr
     assert tests["modules"]["test_gaudi_fix_manifests"]["passed"] > 0, "its other checks ran"
     assert f"hunk coverage: not re-recorded for {', '.join(moved)}" in result.stdout
     # the check the port left out: on the ported pack it fails for exactly the rebased fixes
-    check = subprocess.run([vllm_python, "-m", "pytest", "--noconftest", "-p", "no:cacheprovider", "-q", "-rf",
-                            "tests/unit/test_gaudi_fix_manifests.py::test_manifest_coverage_counts_the_current_hunks"],
-                           cwd=REPO, env=dict(os.environ, GEMMA4_FIXES_PACK=str(out)), capture_output=True, text=True)
+    check = subprocess.run(
+        [
+            vllm_python,
+            "-m",
+            "pytest",
+            "--noconftest",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "-rf",
+            "tests/unit/test_gaudi_fix_manifests.py::test_manifest_coverage_counts_the_current_hunks",
+        ],
+        cwd=REPO,
+        env=dict(os.environ, GEMMA4_FIXES_PACK=str(out)),
+        capture_output=True,
+        text=True,
+    )
     failed = {line.split("[")[1].split("]")[0] for line in check.stdout.splitlines() if line.startswith("FAILED ")}
     assert failed == set(moved), check.stdout
 
@@ -337,8 +397,26 @@ def test_the_fixes_ported_to_v027_with_the_merge_accepted_pass_their_tests_there
     names = [n for n in gaudi_fixes(aa) if n != FAST]
     tests = sorted({t for n in names for t in json.loads((out / n / "fix.json").read_text())["tests"]})
     assert any(t.startswith("tests/unit/test_gaudi_fix_sampling.py::test_fixed_seeded") for t in tests)
-    env = dict(os.environ, GEMMA4_FIXES_PACK=str(out), VLLM_GAUDI_SRC=str(trees["v0.27.0rc0"]),
-               GEMMA4_GAUDI_FIXES_NO_SKIP="1")
-    run = subprocess.run([vllm_python, "-m", "pytest", "--noconftest", "-p", "no:cacheprovider", "-q", "-rfE",
-                          "-W", "ignore::DeprecationWarning", *tests], cwd=REPO, env=env, capture_output=True, text=True)
+    env = dict(
+        os.environ, GEMMA4_FIXES_PACK=str(out), VLLM_GAUDI_SRC=str(trees["v0.27.0rc0"]), GEMMA4_GAUDI_FIXES_NO_SKIP="1"
+    )
+    run = subprocess.run(
+        [
+            vllm_python,
+            "-m",
+            "pytest",
+            "--noconftest",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "-rfE",
+            "-W",
+            "ignore::DeprecationWarning",
+            *tests,
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]

@@ -1,5 +1,6 @@
 """Push to a real registry on this machine (local_registry.py: Debian's docker-registry on a free
 loopback port)."""
+
 import base64
 import json
 import tempfile
@@ -9,11 +10,11 @@ from pathlib import Path
 import docker
 import pytest
 from docker.errors import ImageNotFound
+from local_registry import start_registry, stop_registry
 
 from gemma4_images import publish
 from gemma4_images.docker_build import BuildSpec, build
 from gemma4_images.smoke import Check, Report, free_port
-from local_registry import start_registry, stop_registry
 
 pytestmark = pytest.mark.integration
 TEST_IMAGE = "gemma4-e2b-test/push:roundtrip"
@@ -40,8 +41,11 @@ def image(client, rootfs, registry):
     """A small image on the local Debian base: a label and a file of its own."""
     with tempfile.TemporaryDirectory() as ctx:
         (Path(ctx) / "Dockerfile").write_text(DOCKERFILE)
-        build(client, BuildSpec(dockerfile="Dockerfile", tag=TEST_IMAGE, context=Path(ctx),
-                                buildargs={"BASE": rootfs}), print)
+        build(
+            client,
+            BuildSpec(dockerfile="Dockerfile", tag=TEST_IMAGE, context=Path(ctx), buildargs={"BASE": rootfs}),
+            print,
+        )
     yield TEST_IMAGE
     # The registry's tags are removed with it; the test image stays for the layer cache.
     prefix = registry.split("/")[0] + "/"
@@ -63,8 +67,9 @@ def first_push(client, m, registry, image):
     smoke_report(reports, image)
     logs = []
     start = time.monotonic()
-    entries = publish.push(client, m, [TARGET], registry, moving_tag=True, sources={TARGET: image},
-                           reports_dir=reports, log=logs.append)
+    entries = publish.push(
+        client, m, [TARGET], registry, moving_tag=True, sources={TARGET: image}, reports_dir=reports, log=logs.append
+    )
     print(f"first push: {time.monotonic() - start:.1f}s; " + "; ".join(logs))
     return entries, reports, logs
 
@@ -87,8 +92,9 @@ def test_second_push_of_the_same_image_is_skipped(client, m, registry, image, fi
     entries, reports, _ = first_push
     logs = []
     start = time.monotonic()
-    again = publish.push(client, m, [TARGET], registry, moving_tag=True, sources={TARGET: image},
-                         reports_dir=reports, log=logs.append)
+    again = publish.push(
+        client, m, [TARGET], registry, moving_tag=True, sources={TARGET: image}, reports_dir=reports, log=logs.append
+    )
     print(f"second push: {time.monotonic() - start:.1f}s")
     assert again[0]["pushed"] == [] and again[0]["already_present"] == entries[0]["tags"]
     assert again[0]["digest"] == entries[0]["digest"]
@@ -129,8 +135,9 @@ def test_push_without_a_passing_smoke_report_is_refused(client, m, registry, ima
 
 def test_skip_smoke_pushes_with_a_loud_warning(client, m, registry, image, tmp_path):
     logs = []
-    entries = publish.push(client, m, [TARGET], registry, skip_smoke=True, sources={TARGET: image},
-                           reports_dir=tmp_path, log=logs.append)
+    entries = publish.push(
+        client, m, [TARGET], registry, skip_smoke=True, sources={TARGET: image}, reports_dir=tmp_path, log=logs.append
+    )
     assert entries[0]["digest"].startswith("sha256:")
     assert logs[0].startswith("WARNING: pushing") and "WITHOUT a passing smoke test" in logs[0]
 
@@ -150,8 +157,9 @@ def test_registry_that_refuses_the_upload_is_one_line(client, m, image, tmp_path
     proc, host = start_registry(tmp_path, readonly=True)
     try:
         with pytest.raises(publish.PushError) as refused:
-            publish.push(client, m, [TARGET], host, sources={TARGET: image}, reports_dir=tmp_path / "reports",
-                         log=print)
+            publish.push(
+                client, m, [TARGET], host, sources={TARGET: image}, reports_dir=tmp_path / "reports", log=print
+            )
     finally:
         stop_registry(proc)
         for tag in client.images.get(image).tags:
@@ -169,12 +177,13 @@ def test_a_registry_that_wants_a_login_names_the_fix_and_leaves_no_tags(client, 
     try:
         tags_before = set(client.images.get(image).tags)
         with pytest.raises(publish.PushError) as refused:
-            publish.push(client, m, [TARGET], host, sources={TARGET: image}, reports_dir=tmp_path / "reports",
-                         log=print)
+            publish.push(
+                client, m, [TARGET], host, sources={TARGET: image}, reports_dir=tmp_path / "reports", log=print
+            )
         message = str(refused.value)
         assert "\n" not in message and "no basic auth credentials" in message
         assert f"run `docker login {host}`" in message
-        assert set(client.images.get(image).tags) == tags_before      # the tags push made are gone
+        assert set(client.images.get(image).tags) == tags_before  # the tags push made are gone
         assert not (tmp_path / "reports" / "pushed.json").exists()
 
         # The fix it names works: with that login stored, the same push goes through.
@@ -184,8 +193,9 @@ def test_a_registry_that_wants_a_login_names_the_fix_and_leaves_no_tags(client, 
         (config / "config.json").write_text(json.dumps({"auths": {host: {"auth": auth}}}))
         monkeypatch.setenv("DOCKER_CONFIG", str(config))
         logged_in = docker.from_env()
-        entries = publish.push(logged_in, m, [TARGET], host, sources={TARGET: image},
-                               reports_dir=tmp_path / "reports", log=print)
+        entries = publish.push(
+            logged_in, m, [TARGET], host, sources={TARGET: image}, reports_dir=tmp_path / "reports", log=print
+        )
         assert entries[0]["digest"].startswith("sha256:")
     finally:
         stop_registry(proc)

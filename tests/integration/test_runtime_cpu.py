@@ -3,6 +3,7 @@ Kubernetes manifest runs it (no cluster here): its pod securityContext (uid 2000
 capability dropped, no privilege escalation, a read-only root filesystem with /tmp on an emptyDir),
 its /dev/shm size, env and HF cache volume, and its readiness probe. Tiny model, loopback only;
 every wait is bounded."""
+
 import os
 import shutil
 import tempfile
@@ -12,11 +13,12 @@ import urllib.request
 import pytest
 import yaml
 
-from gemma4_images import k8s, running, smoke, tiny_model, traffic
+from gemma4_images import k8s, running, smoke, traffic
+from testkit import tiny_model
 
 pytestmark = pytest.mark.integration
 MODEL = "google/gemma-4-E2B-it"
-STOP_TIMEOUT = 10   # docker's default
+STOP_TIMEOUT = 10  # docker's default
 
 
 def pod_spec(m):
@@ -36,9 +38,16 @@ def locked(client, m, cpu_image):
     os.chown(cache, 0, pod_sc["fsGroup"])
     os.chmod(cache, 0o2775)
     container = smoke.LoopbackContainer(
-        cpu_image, network_mode="host", user=str(pod_sc["runAsUser"]), group_add=[str(pod_sc["fsGroup"])],
-        cap_drop=sc["capabilities"]["drop"], security_opt=["no-new-privileges"], privileged=False,
-        read_only=sc["readOnlyRootFilesystem"], shm_size=shm.replace("Gi", "g"))
+        cpu_image,
+        network_mode="host",
+        user=str(pod_sc["runAsUser"]),
+        group_add=[str(pod_sc["fsGroup"])],
+        cap_drop=sc["capabilities"]["drop"],
+        security_opt=["no-new-privileges"],
+        privileged=False,
+        read_only=sc["readOnlyRootFilesystem"],
+        shm_size=shm.replace("Gi", "g"),
+    )
     # The pod's /tmp emptyDir. exec: docker mounts tmpfs noexec by default, and torch.compile (the
     # CPU sampler) loads the shared objects it builds there (seen failing without).
     container.with_tmpfs_mount(k8s.TMP, "exec,size=2g")
@@ -47,7 +56,9 @@ def locked(client, m, cpu_image):
     # This 2-core builder's RAM: as the CPU smoke tier sets it.
     for key, value in {**env, "GEMMA4_MODEL": "/models/tiny", "VLLM_CPU_KVCACHE_SPACE": "1"}.items():
         container.with_env(key, value)
-    container.with_command(["--enforce-eager", "--host", "127.0.0.1", "--port", str(port), "--served-model-name", MODEL])
+    container.with_command(
+        ["--enforce-eager", "--host", "127.0.0.1", "--port", str(port), "--served-model-name", MODEL]
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         container.start()
@@ -69,7 +80,7 @@ def test_it_serves_as_the_manifest_says(locked):
     assert ready_before != 0, "ready before the server started"
     assert wrapped.exec_run(c["readinessProbe"]["exec"]["command"]).exit_code == 0
     with urllib.request.urlopen(url + "/health", timeout=5) as r:
-        assert r.status == 200          # what the liveness and startup probes ask
+        assert r.status == 200  # what the liveness and startup probes ask
     # The cache volume is the writable HF_HOME for the non-root uid; the root filesystem is not.
     assert wrapped.exec_run(["sh", "-c", f"touch {k8s.HF_HOME}/probe && rm {k8s.HF_HOME}/probe"]).exit_code == 0
     assert wrapped.exec_run(["sh", "-c", "touch /opt/gemma4-e2b/probe"]).exit_code != 0
@@ -81,17 +92,19 @@ def test_it_serves_as_the_manifest_says(locked):
 
 def test_64_streams_and_plain_requests_at_once_all_complete(locked):
     wrapped, url = locked[:2]
-    traffic.run(url, MODEL, streams=2, plain=0)                     # warm-up: the sampler compiles once
+    traffic.run(url, MODEL, streams=2, plain=0)  # warm-up: the sampler compiles once
     alone = traffic.run(url, MODEL, streams=1, plain=0)
     rss_idle = running.rss_bytes(wrapped)
-    load = traffic.run(url, MODEL, streams=64, plain=16)            # the recipe's --max-num-seqs 64
+    load = traffic.run(url, MODEL, streams=64, plain=16)  # the recipe's --max-num-seqs 64
     rss_loaded = running.rss_bytes(wrapped)
     assert len(load.outcomes) == 80, "a request was lost"
     assert [o for o in load.outcomes if o.status != 200 or o.error] == []
     assert all(o.done and not o.error_event for o in load.of("stream"))
     s = load.summary()
-    print(f"load: {s}; one request alone {alone.summary()['p50_s']} s; RSS {rss_idle / 2**20:.0f} -> "
-          f"{rss_loaded / 2**20:.0f} MiB")
+    print(
+        f"load: {s}; one request alone {alone.summary()['p50_s']} s; RSS {rss_idle / 2**20:.0f} -> "
+        f"{rss_loaded / 2**20:.0f} MiB"
+    )
 
 
 def test_clients_that_hang_up_mid_stream_leave_the_others_and_the_engine_clean(locked):
@@ -130,12 +143,12 @@ def test_engine_death_stops_health_and_the_container(locked):
 
 def test_docker_stop_during_traffic_exits_cleanly_within_the_timeout(locked):
     wrapped, url = locked[:2]
-    wrapped.start()                       # the same container again, after the engine-death test
+    wrapped.start()  # the same container again, after the engine-death test
     smoke.wait_healthy(wrapped, url, 600)
     timing = {}
 
     def stop():
-        time.sleep(3)                     # every request is in flight by now
+        time.sleep(3)  # every request is in flight by now
         start = time.monotonic()
         wrapped.stop(timeout=STOP_TIMEOUT)
         timing["stop_s"] = time.monotonic() - start
@@ -143,10 +156,9 @@ def test_docker_stop_during_traffic_exits_cleanly_within_the_timeout(locked):
     load = traffic.run(url, MODEL, streams=6, plain=2, max_tokens=3000, during=stop)
     wrapped.reload()
     assert wrapped.attrs["State"]["ExitCode"] == 0 and timing["stop_s"] < STOP_TIMEOUT, timing
-    for o in load.outcomes:               # finished, or ended with a clean 503 (no broken stream)
+    for o in load.outcomes:  # finished, or ended with a clean 503 (no broken stream)
         if o.kind == "stream":
             assert o.status == 200 and o.done and o.error_event in ("", "the server is shutting down"), o
         else:
             assert o.status in (200, 503), o
     print(f"docker stop during traffic: {timing['stop_s']:.1f} s, exit 0")
-

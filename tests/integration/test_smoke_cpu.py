@@ -1,5 +1,6 @@
 """The real CPU tier: the CPU image serves a tiny random-weight Gemma 4 (the real architecture
 class, made here) through the same `build.py smoke` path users run."""
+
 import json
 import shlex
 import shutil
@@ -11,8 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from gemma4_images import images, matrix, smoke, traffic
-from testkit import tiny_model
-from testkit import exchanges, trained
+from testkit import exchanges, tiny_model, trained
 
 pytestmark = pytest.mark.integration
 
@@ -36,10 +36,17 @@ def test_cpu_smoke_tier_passes(m, cpu_image, tmp_path, no_new_containers):
     assert sorted(a[0] for a in report["answers"]) == sorted(ex.name for ex in exchanges.EXCHANGES)
 
 
-def test_a_server_that_never_starts_fails_with_its_log_and_leaves_nothing(cpu_image, tmp_path,
-                                                                           no_new_containers):
-    r = build_py("smoke", "cpu", "--image", cpu_image, "--model", str(tmp_path / "no-such-model"),
-                 "--report", str(tmp_path / "r.json"))
+def test_a_server_that_never_starts_fails_with_its_log_and_leaves_nothing(cpu_image, tmp_path, no_new_containers):
+    r = build_py(
+        "smoke",
+        "cpu",
+        "--image",
+        cpu_image,
+        "--model",
+        str(tmp_path / "no-such-model"),
+        "--report",
+        str(tmp_path / "r.json"),
+    )
     assert r.returncode == 1
     assert "ready" in r.stdout and "FAIL" in r.stdout
     assert "container log (last lines)" in r.stderr and "  | " in r.stderr
@@ -50,17 +57,29 @@ SITE = "/opt/venv/lib/python3.11/site-packages"
 # symptoms that pack fixes on HPU, made here on CPU): (file, text, replacement, times).
 SABOTAGE = [
     # logit_bias, min_p and min_tokens silently ignored (logitsprocs-rows)
-    ("vllm/v1/sample/logits_processor/builtin.py", "    def apply(self, logits: torch.Tensor) -> torch.Tensor:\n",
-     "    def apply(self, logits: torch.Tensor) -> torch.Tensor:\n        return logits  # SABOTAGED\n", 3),
+    (
+        "vllm/v1/sample/logits_processor/builtin.py",
+        "    def apply(self, logits: torch.Tensor) -> torch.Tensor:\n",
+        "    def apply(self, logits: torch.Tensor) -> torch.Tensor:\n        return logits  # SABOTAGED\n",
+        3,
+    ),
     # bad_words not applied (bad-words-index)
-    ("vllm/v1/sample/ops/bad_words.py", ") -> None:\n    for i, bad_words_ids in bad_words_token_ids.items():",
-     ") -> None:\n    return  # SABOTAGED\n    for i, bad_words_ids in bad_words_token_ids.items():", 1),
+    (
+        "vllm/v1/sample/ops/bad_words.py",
+        ") -> None:\n    for i, bad_words_ids in bad_words_token_ids.items():",
+        ") -> None:\n    return  # SABOTAGED\n    for i, bad_words_ids in bad_words_token_ids.items():",
+        1,
+    ),
     # a seed's generator not used (seeded-sampling)
     ("vllm/v1/sample/ops/topk_topp_sampler.py", "q[i].exponential_(generator=generator)", "q[i].exponential_()", 2),
     # top_logprobs ids off by one (gather-logprobs-int32)
-    ("vllm/v1/sample/sampler.py", "topk_logprobs, topk_indices = torch.topk(logprobs, num_logprobs, dim=-1)\n",
-     "topk_logprobs, topk_indices = torch.topk(logprobs, num_logprobs, dim=-1)\n"
-     "        topk_indices = (topk_indices + 1) % logprobs.shape[-1]  # SABOTAGED\n", 1),
+    (
+        "vllm/v1/sample/sampler.py",
+        "topk_logprobs, topk_indices = torch.topk(logprobs, num_logprobs, dim=-1)\n",
+        "topk_logprobs, topk_indices = torch.topk(logprobs, num_logprobs, dim=-1)\n"
+        "        topk_indices = (topk_indices + 1) % logprobs.shape[-1]  # SABOTAGED\n",
+        1,
+    ),
 ]
 
 
@@ -68,8 +87,9 @@ def sabotaged_files(client, image: str, dest):
     """The image's own copies of the SABOTAGE files, broken as it says; {host path: container path}."""
     mounts = {}
     for rel, old, new, times in SABOTAGE:
-        text = client.containers.run(image, [f"{SITE}/{rel}"], entrypoint=["cat"], remove=True,
-                                     network_mode="host").decode()
+        text = client.containers.run(
+            image, [f"{SITE}/{rel}"], entrypoint=["cat"], remove=True, network_mode="host"
+        ).decode()
         assert text.count(old) == times, (rel, text.count(old))
         path = dest / rel.replace("/", "_")
         path.write_text(text.replace(old, new))
@@ -84,9 +104,15 @@ def plain_server(client, m, cpu_image, tmp_path_factory):
     CPU image without its fixes pack; the model's own tokenizer files instead of the BOS copy,
     without the config.json beside them (as the BOS copy was before it carried one); its recipe
     switched to audio: false; and vLLM's sampling parameters broken (SABOTAGE)."""
-    image = images.build_target(client, m, "cpu", tokenizer_source=str(tiny_model.ensure()),
-                                tag="gemma4-e2b-test/xeon6:unfixed", log=print,
-                                extra_args={"GEMMA4_FIXES_PROFILE": "", "GEMMA4_FIXES": ""})
+    image = images.build_target(
+        client,
+        m,
+        "cpu",
+        tokenizer_source=str(tiny_model.ensure()),
+        tag="gemma4-e2b-test/xeon6:unfixed",
+        log=print,
+        extra_args={"GEMMA4_FIXES_PROFILE": "", "GEMMA4_FIXES": ""},
+    )
     model = trained.ensure()
     scratch = tmp_path_factory.mktemp("plain")
     tokenizer = scratch / "tokenizer"
@@ -96,10 +122,11 @@ def plain_server(client, m, cpu_image, tmp_path_factory):
     recipe = scratch / "recipe.json"
     recipe.write_text(json.dumps({**m.recipe("xeon6"), "audio": False}))
     for path in (scratch, tokenizer, *tokenizer.iterdir(), recipe):
-        path.chmod(0o755 if path.is_dir() else 0o644)   # the server runs as uid 2000
+        path.chmod(0o755 if path.is_dir() else 0o644)  # the server runs as uid 2000
     port = smoke.free_port()
-    container, served, args = smoke._container(m, "xeon6", image, str(model), port,
-                                               extra_args=["--tokenizer", "/opt/plain/tokenizer"])
+    container, served, args = smoke._container(
+        m, "xeon6", image, str(model), port, extra_args=["--tokenizer", "/opt/plain/tokenizer"]
+    )
     container.with_volume_mapping(str(scratch), "/opt/plain", "ro").with_env("GEMMA4_RECIPE", "/opt/plain/recipe.json")
     for host, inside in sabotaged_files(client, image, scratch).items():
         container.with_volume_mapping(host, inside, "ro")
@@ -137,11 +164,12 @@ def test_auto_tool_call_check_fails_without_the_buffered_args_fix(plain_server):
 def test_exact_completion_check_fails_without_the_bos_copy(plain_server):
     with pytest.raises(smoke.CheckFailed, match="unknown \\(no BOS\\)"):
         plain_server.checks.completion()
-    plain_server.checks.chat()    # the chat template writes <bos> itself: still exact
+    plain_server.checks.chat()  # the chat template writes <bos> itself: still exact
 
 
-@pytest.mark.parametrize("check", ["logit_bias", "bad_words", "min_tokens", "min_p", "top_logprobs", "seed",
-                                   "mixed_batch"])
+@pytest.mark.parametrize(
+    "check", ["logit_bias", "bad_words", "min_tokens", "min_p", "top_logprobs", "seed", "mixed_batch"]
+)
 def test_each_sampling_check_fails_where_vllm_ignores_the_parameter(plain_server, check):
     with pytest.raises(smoke.CheckFailed):
         getattr(plain_server.checks, check)()
@@ -162,7 +190,7 @@ def test_audio_switched_off_refuses_audio_with_a_4xx_and_still_serves_images(pla
     assert checks.image_input().startswith("200")
     # The same answers fail the check where the launch is said to accept audio.
     with pytest.raises(smoke.CheckFailed, match="200 for an audio request"):
-        smoke.Checks(checks.url, checks.model, launch[:at] + launch[at + 2:]).audio_input()
+        smoke.Checks(checks.url, checks.model, launch[:at] + launch[at + 2 :]).audio_input()
 
 
 def test_a_missing_image_is_one_clear_line(tmp_path):

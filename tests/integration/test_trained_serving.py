@@ -8,6 +8,7 @@ auto tool calls, an answer after a tool result, image and audio turns. The same 
 Each request also asks for `return_token_ids`, so the prompt vLLM built is compared with the
 sequence the model was trained on, and the generated ids with the trained output and stop token.
 """
+
 import json
 
 import pytest
@@ -18,7 +19,7 @@ from testkit import exchanges, prompts, trained
 
 pytestmark = pytest.mark.integration
 
-TARGET = prompts.TARGET          # the launch the model was trained for
+TARGET = prompts.TARGET  # the launch the model was trained for
 VARIANTS = {"recipe": [], "no_fast_prefill": ["--no-kv-sharing-fast-prefill"]}
 
 
@@ -36,8 +37,10 @@ def serve_and_ask(client, m, image, extra_args) -> dict:
         except smoke.CheckFailed as e:
             tail = b"".join(container.get_logs()).decode(errors="replace").splitlines()[-40:]
             pytest.fail(f"{e}\n" + "\n".join(tail))
-        answers = {ex.name: smoke.http("POST", url + ex.path, {**ex.body(served), "return_token_ids": True})
-                   for ex in exchanges.EXCHANGES}
+        answers = {
+            ex.name: smoke.http("POST", url + ex.path, {**ex.body(served), "return_token_ids": True})
+            for ex in exchanges.EXCHANGES
+        }
         log = b"".join(container.get_logs()).decode(errors="replace")
         return {"answers": answers, "log": log}
     finally:
@@ -55,8 +58,10 @@ def runs(client, m, cpu_image):
 def trained_prompts():
     """What the model was trained on, for the prompts the image's launch renders."""
     renderer = prompts.Renderer(trained.ensure())
-    return {ex.name: next(p for p in renderer.prompts(ex) if p.template in ("served", "completion"))
-            for ex in exchanges.EXCHANGES}
+    return {
+        ex.name: next(p for p in renderer.prompts(ex) if p.template in ("served", "completion"))
+        for ex in exchanges.EXCHANGES
+    }
 
 
 def ids(response: dict) -> tuple[list[int], list[int]]:
@@ -73,7 +78,7 @@ def test_greedy_answer_is_exactly_the_script(runs, trained_prompts, variant, ex)
     assert ex.mismatch(response) is None
     prompt_ids, output_ids = ids(response)
     assert prompt_ids == trained_prompts[ex.name].prompt_ids, "vLLM built another prompt than the one trained"
-    assert output_ids == trained_prompts[ex.name].target_ids    # the text and then the stop token
+    assert output_ids == trained_prompts[ex.name].target_ids  # the text and then the stop token
 
 
 def test_fast_prefill_changes_no_greedy_token(runs):

@@ -3,6 +3,7 @@
 Every test builds its own tree and pack in tmp_path and drives the real CLI
 in a subprocess, as the recipes do.
 """
+
 import difflib
 import hashlib
 import json
@@ -83,40 +84,69 @@ class Env:
                 (old / "METADATA").unlink()
                 old.rmdir()
         for name, version in (("vllm_gaudi", gaudi), ("habana_torch_plugin", gaudi_sw)):
-            self.write(f"{name}-{version}.dist-info/METADATA",
-                       f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n\nDescription\n")
+            self.write(
+                f"{name}-{version}.dist-info/METADATA",
+                f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n\nDescription\n",
+            )
 
     def profile(self, generic, opt_in, name="v0.30.0", requires=None):
         path = self.pack / "profiles" / f"{name}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"name": name, "description": "test profile",
-                                    "requires": requires or REAL_V030["requires"],
-                                    "generic": generic, "opt_in": opt_in}))
+        path.write_text(
+            json.dumps(
+                {
+                    "name": name,
+                    "description": "test profile",
+                    "requires": requires or REAL_V030["requires"],
+                    "generic": generic,
+                    "opt_in": opt_in,
+                }
+            )
+        )
 
     def fix(self, name, changes, /, package=None, opt_in=None, diff=None, **meta):
         """changes: {path: (before, after)}; the diff is made from them unless given."""
         folder = self.pack / name
         folder.mkdir(parents=True, exist_ok=True)
         files = list(changes)
-        manifest = {"name": name, "why": f"test fix {name}", "package": package or files[0].split("/")[0],
-                    "files": files, "opt_in": name.startswith("opt-") if opt_in is None else opt_in,
-                    "written_against": "synthetic test tree", "verified": "unit test",
-                    "pre_sha256": {p: sha(BASE.get(p, before)) for p, (before, _) in changes.items()}}
+        manifest = {
+            "name": name,
+            "why": f"test fix {name}",
+            "package": package or files[0].split("/")[0],
+            "files": files,
+            "opt_in": name.startswith("opt-") if opt_in is None else opt_in,
+            "written_against": "synthetic test tree",
+            "verified": "unit test",
+            "pre_sha256": {p: sha(BASE.get(p, before)) for p, (before, _) in changes.items()},
+        }
         manifest.update(meta)
         (folder / "fix.json").write_text(json.dumps(manifest))
-        (folder / "fix.diff").write_text(diff if diff is not None else "".join(
-            make_diff(p, before, after) for p, (before, after) in changes.items()))
+        (folder / "fix.diff").write_text(
+            diff if diff is not None else "".join(make_diff(p, before, after) for p, (before, after) in changes.items())
+        )
 
     def standard_fixes(self):
         """fix-one: one line of A; fix-two: two hunks in B; opt-a: C."""
         self.fix("fix-one", {A: (BASE[A], edit(BASE[A], "a_10 = 10\n", "a_10 = 100\n"))})
-        self.fix("fix-two", {B: (BASE[B], edit(edit(BASE[B], "b_5 = 5\n", "b_5 = 50\n"),
-                                                "b_25 = 25\n", "b_25 = 250\n"))})
+        self.fix(
+            "fix-two", {B: (BASE[B], edit(edit(BASE[B], "b_5 = 5\n", "b_5 = 50\n"), "b_25 = 25\n", "b_25 = 250\n"))}
+        )
         self.fix("opt-a", {C: (BASE[C], edit(BASE[C], "c_15 = 15\n", "c_15 = 150\n# opt-a\n"))})
 
     def run(self, *args, profile="v0.30.0"):
-        cmd = [sys.executable, str(APPLY), "--profile", profile, "--root", str(self.root),
-               "--pack", str(self.pack), "--manifest", str(self.manifest), *args]
+        cmd = [
+            sys.executable,
+            str(APPLY),
+            "--profile",
+            profile,
+            "--root",
+            str(self.root),
+            "--pack",
+            str(self.pack),
+            "--manifest",
+            str(self.manifest),
+            *args,
+        ]
         return subprocess.run(cmd, capture_output=True, text=True)
 
     def snapshot(self):
@@ -191,13 +221,16 @@ def test_check_changes_nothing_and_reports_each_state(env):
 
 
 # ---------------------------------------------------------------- version guard
-@pytest.mark.parametrize("versions, message", [
-    ({"vllm": "0.29.1"}, "vllm version: expected 0.30.0, found 0.29.1"),
-    ({"commit": "g1234abcde"}, "vllm commit: expected ced6857a, found 1234abcde"),
-    ({"gaudi": "0.30.0+g1111111"}, "vllm_gaudi commit: expected 058f107, found 1111111"),
-    ({"gaudi_sw": "1.23.0.500"}, "Gaudi SW version: expected 1.24.1, found 1.23.0.500"),
-    ({"gaudi_sw": "1.24.10"}, "Gaudi SW version: expected 1.24.1, found 1.24.10"),
-])
+@pytest.mark.parametrize(
+    "versions, message",
+    [
+        ({"vllm": "0.29.1"}, "vllm version: expected 0.30.0, found 0.29.1"),
+        ({"commit": "g1234abcde"}, "vllm commit: expected ced6857a, found 1234abcde"),
+        ({"gaudi": "0.30.0+g1111111"}, "vllm_gaudi commit: expected 058f107, found 1111111"),
+        ({"gaudi_sw": "1.23.0.500"}, "Gaudi SW version: expected 1.24.1, found 1.23.0.500"),
+        ({"gaudi_sw": "1.24.10"}, "Gaudi SW version: expected 1.24.1, found 1.24.10"),
+    ],
+)
 def test_version_mismatch_is_refused_and_nothing_changes(env, versions, message):
     env.standard_fixes()
     env.set_versions(**versions)
@@ -257,10 +290,13 @@ def test_unknown_commit_with_a_modified_file_is_refused(env):
     result = env.run()
     assert result.returncode == 1
     assert "vllm has no commit id: checking the files its fixes touch by sha256" in result.stdout
-    assert "vllm commit: expected ced6857a, found none, and the sha256 of its files does not vouch for it" \
-        in result.stderr
-    assert (f"fix fix-one: {A} (sha256 {sha(BASE[A] + '# local change' + chr(10))}) is not the file fix fix-one "
-            f"was written against (synthetic test tree, sha256 {sha(BASE[A])})") in result.stderr
+    assert (
+        "vllm commit: expected ced6857a, found none, and the sha256 of its files does not vouch for it" in result.stderr
+    )
+    assert (
+        f"fix fix-one: {A} (sha256 {sha(BASE[A] + '# local change' + chr(10))}) is not the file fix fix-one "
+        f"was written against (synthetic test tree, sha256 {sha(BASE[A])})"
+    ) in result.stderr
     assert env.snapshot() == before
 
 
@@ -274,16 +310,19 @@ def test_pre_sha256_is_checked_although_the_commit_matches(env):
     before = env.snapshot()
     result = env.run()
     assert result.returncode == 1 and env.snapshot() == before and not env.manifest.exists()
-    mismatch = (f"{B} (sha256 {sha(changed)}) is not the file fix fix-two was written against "
-                f"(synthetic test tree, sha256 {sha(BASE[B])})")
+    mismatch = (
+        f"{B} (sha256 {sha(changed)}) is not the file fix fix-two was written against "
+        f"(synthetic test tree, sha256 {sha(BASE[B])})"
+    )
     assert f"fix fix-two: {mismatch}" in result.stderr and "found none" not in result.stderr
     # (one offset: the second hunk is where the first one's offset says)
     assert "fix fix-two: its hunks still match this file, 1 at an offset: --force would apply it" in result.stderr
     assert "fix fix-one" not in result.stderr, "fix-one's file is the one it was written against"
     assert "  - or --force: applies them anyway" in result.stderr
     forced = ok(env.run("--force"))
-    assert "WARNING" in forced.stderr and env.read(B) == edit(edit(changed, "b_5 = 5\n", "b_5 = 50\n"),
-                                                              "b_25 = 25\n", "b_25 = 250\n")
+    assert "WARNING" in forced.stderr and env.read(B) == edit(
+        edit(changed, "b_5 = 5\n", "b_5 = 50\n"), "b_25 = 25\n", "b_25 = 250\n"
+    )
     man = env.load_manifest()
     assert man["forced"] is True and man["forced_over"] == [mismatch]
     assert "already applied  fix-two" in ok(env.run("--force")).stdout
@@ -297,9 +336,11 @@ def test_refusal_names_the_hunk_and_where_its_lines_now_are(env):
     env.write(C, moved)
     result = env.run("opt-a")
     assert result.returncode == 1
-    assert (f"fix opt-a: {C}: hunk @@ -12,7 +12,8 @@: line 12: expected 'c_12 = 12\\n', found 'c_7 = 7\\n'; "
-            "its lines now best match at line 17 (+5 from the stated line), 6 of 7 agree: line 18: "
-            "expected 'c_13 = 13\\n', found 'c_13 = 13  # edited\\n'") in result.stderr
+    assert (
+        f"fix opt-a: {C}: hunk @@ -12,7 +12,8 @@: line 12: expected 'c_12 = 12\\n', found 'c_7 = 7\\n'; "
+        "its lines now best match at line 17 (+5 from the stated line), 6 of 7 agree: line 18: "
+        "expected 'c_13 = 13\\n', found 'c_13 = 13  # edited\\n'"
+    ) in result.stderr
     assert f"fix opt-a: {C} (sha256 {sha(moved)}) is not the file fix opt-a was written against" in result.stderr
     assert "  - or --force" not in result.stderr, "--force cannot apply a hunk that does not match"
 
@@ -308,8 +349,10 @@ def test_a_later_hunk_is_judged_where_the_earlier_ones_moved(env):
     env.standard_fixes()
     env.write(B, "".join(f"# upstream {i}\n" for i in range(5)) + edit(BASE[B], "b_24 = 24\n", "b_24 = 24  # edited\n"))
     result = env.run()
-    assert f"fix fix-two: {B}: hunk @@ -22,7 +22,7 @@: line 29: expected 'b_24 = 24\\n', found " \
+    assert (
+        f"fix fix-two: {B}: hunk @@ -22,7 +22,7 @@: line 29: expected 'b_24 = 24\\n', found "
         "'b_24 = 24  # edited\\n'\n" in result.stderr
+    )
 
 
 def test_refusal_when_the_hunks_lines_are_gone(env):
@@ -317,16 +360,20 @@ def test_refusal_when_the_hunks_lines_are_gone(env):
     env.write(B, "".join(f"other_{i} = {i}\n" for i in range(30)))
     result = env.run()
     assert result.returncode == 1
-    assert f"fix fix-two: {B}: hunk @@ -2,7 +2,7 @@: line 2: expected 'b_2 = 2\\n', found 'other_1 = 1\\n'; " \
+    assert (
+        f"fix fix-two: {B}: hunk @@ -2,7 +2,7 @@: line 2: expected 'b_2 = 2\\n', found 'other_1 = 1\\n'; "
         "none of its lines is in the file" in result.stderr
+    )
 
 
 def test_refusal_of_a_vllm_gaudi_fix_says_how_to_port_the_pack(env):
     env.standard_fixes()
     env.write(B, "# upstream line\n" + BASE[B])
     result = env.run()
-    assert "what to do:\n  - port the pack to this vllm-gaudi (0.30.0+g058f107, commit 058f107): on a build host, " \
+    assert (
+        "what to do:\n  - port the pack to this vllm-gaudi (0.30.0+g058f107, commit 058f107): on a build host, "
         "with a vllm-gaudi checkout of it, run make port-fixes VLLM_GAUDI_SRC=DIR" in result.stderr
+    )
     assert f"  - or no other profile in {env.pack} fits what is installed" in result.stderr
 
 
@@ -338,8 +385,9 @@ def test_refusals_name_the_profile_that_fits(env):
     env.set_versions(gaudi="0.26.0+gabcdef1")
     result = env.run()  # the version guard refuses first
     assert result.returncode == 1 and "vllm_gaudi version: expected 0.30.0, found 0.26.0+gabcdef1" in result.stderr
-    assert "use profile v0.26.0: its requirements fit what is installed" in result.stderr, \
+    assert "use profile v0.26.0: its requirements fit what is installed" in result.stderr, (
         "vllm-only fits vLLM but does not cover vllm_gaudi"
+    )
     env.write(B, "# upstream line\n" + BASE[B])  # and the sha256 check, under the profile that fits
     result = env.run(profile="v0.26.0")
     assert result.returncode == 1 and "  - or no other profile in" in result.stderr
@@ -380,12 +428,22 @@ def test_list_prints_kind_package_and_why(env):
 def test_real_profiles_match_the_recipe(env):
     module = load_module()
     gaudi = module.load_profile(str(PATCHES), "v0.30.0")
-    assert gaudi["requires"] == {"vllm": {"version": "0.30.0", "commit": "ced6857a"},
-                                 "vllm_gaudi": {"version": "0.30.0", "commit": "058f107"},
-                                 "gaudi_sw": {"version": "1.24.1"}}
-    assert gaudi["generic"] == ["sampling-rows-refresh", "structured-output-rows", "so-row-owners",
-                                "bad-words-index", "logitsprocs-rows", "gather-logprobs-int32",
-                                "logprobs-decode-guard", "shutdown-ends-requests", "seeded-sampling"]
+    assert gaudi["requires"] == {
+        "vllm": {"version": "0.30.0", "commit": "ced6857a"},
+        "vllm_gaudi": {"version": "0.30.0", "commit": "058f107"},
+        "gaudi_sw": {"version": "1.24.1"},
+    }
+    assert gaudi["generic"] == [
+        "sampling-rows-refresh",
+        "structured-output-rows",
+        "so-row-owners",
+        "bad-words-index",
+        "logitsprocs-rows",
+        "gather-logprobs-int32",
+        "logprobs-decode-guard",
+        "shutdown-ends-requests",
+        "seeded-sampling",
+    ]
     assert gaudi["opt_in"] == ["gemma4-required-tool-grammar", "gemma4-buffered-tool-args", "gemma4-fast-prefill"]
     cpu = module.load_profile(str(PATCHES), "vllm-0.30.0")
     assert cpu["requires"] == {"vllm": {"version": "0.30.0", "commit": "ced6857a"}}
@@ -400,8 +458,10 @@ def test_second_fix_with_one_bad_hunk_changes_nothing(env):
     before = env.snapshot()
     result = env.run()
     assert result.returncode == 1
-    assert f"fix fix-two: {B}: hunk @@ -22,7 +22,7 @@: line 24: expected 'b_24 = 24\\n', found 'b_24 = -24\\n'" \
+    assert (
+        f"fix fix-two: {B}: hunk @@ -22,7 +22,7 @@: line 24: expected 'b_24 = 24\\n', found 'b_24 = -24\\n'"
         in result.stderr
+    )
     assert env.snapshot() == before, "fix-one's file must stay untouched"
     assert not env.manifest.exists()
 
@@ -463,8 +523,9 @@ EDGES = {
     "last line removed": lambda t: t.rsplit("\n", 2)[0] + "\n",
     "newline removed at end": lambda t: t[:-1],
     "last line changed, no newline at end": lambda t: t[:-1] + "  # changed",
-    "several hunks": lambda t: edit(edit(edit(t, "a_2 = 2\n", ""), "a_15 = 15\n", "a_15 = 51\n"), "a_29 = 29\n",
-                                    "a_29 = 29\na_29b = 0\n"),
+    "several hunks": lambda t: edit(
+        edit(edit(t, "a_2 = 2\n", ""), "a_15 = 15\n", "a_15 = 51\n"), "a_29 = 29\n", "a_29 = 29\na_29b = 0\n"
+    ),
     "form feed kept as text": lambda t: edit(t, "a_12 = 12\n", "a_12 = 12\x0c  # page\n"),
 }
 
@@ -492,11 +553,13 @@ def test_newline_added_at_end_of_file(env):
 
 def test_hand_written_diff_without_prefixes_and_with_timestamps(env):
     env.write(A, "one\ntwo\nthree\nfour")
-    diff = (f"diff -u {A}.orig {A}\n"
-            f"--- {A}\t2026-01-01 00:00:00.000000000 +0000\n"
-            f"+++ {A}\t2026-01-02 00:00:00.000000000 +0000\n"
-            "@@ -2,3 +2,3 @@\n two\n three\n"
-            "-four\n\\ No newline at end of file\n+FOUR\n\\ No newline at end of file\n")
+    diff = (
+        f"diff -u {A}.orig {A}\n"
+        f"--- {A}\t2026-01-01 00:00:00.000000000 +0000\n"
+        f"+++ {A}\t2026-01-02 00:00:00.000000000 +0000\n"
+        "@@ -2,3 +2,3 @@\n two\n three\n"
+        "-four\n\\ No newline at end of file\n+FOUR\n\\ No newline at end of file\n"
+    )
     env.fix("fix-one", {A: ("", "")}, diff=diff, pre_sha256={A: sha("one\ntwo\nthree\nfour")})
     env.fix("fix-two", {B: (BASE[B], BASE[B] + "# end\n")})
     ok(env.run())
@@ -504,17 +567,22 @@ def test_hand_written_diff_without_prefixes_and_with_timestamps(env):
 
 
 # ---------------------------------------------------------------- pack validation
-@pytest.mark.parametrize("meta, message", [
-    ({"colour": "blue"}, "fix fix-one: unknown key 'colour'"),
-    ({"verified": None}, "fix fix-one: key 'verified' must be a non-empty str"),
-    ({"files": [A, C], "pre_sha256": {A: sha(BASE[A]), C: sha(BASE[C])}},
-     f"fix fix-one: key 'files' {sorted([A, C])} differs from the files fix.diff touches {[A]}"),
-    ({"opt_in": True}, "fix fix-one: key 'opt_in' is true but the profile lists it as generic"),
-    ({"package": "vllm_gaudi"}, f"fix fix-one: key 'files': {[A]} not inside vllm_gaudi/"),
-    ({"pre_sha256": {A: "abc"}}, "fix fix-one: key 'pre_sha256' must map each of 'files'"),
-    ({"why": "two\nlines"}, "fix fix-one: key 'why' must be one line"),
-    ({"name": "other"}, "fix fix-one: key 'name' is 'other'"),
-])
+@pytest.mark.parametrize(
+    "meta, message",
+    [
+        ({"colour": "blue"}, "fix fix-one: unknown key 'colour'"),
+        ({"verified": None}, "fix fix-one: key 'verified' must be a non-empty str"),
+        (
+            {"files": [A, C], "pre_sha256": {A: sha(BASE[A]), C: sha(BASE[C])}},
+            f"fix fix-one: key 'files' {sorted([A, C])} differs from the files fix.diff touches {[A]}",
+        ),
+        ({"opt_in": True}, "fix fix-one: key 'opt_in' is true but the profile lists it as generic"),
+        ({"package": "vllm_gaudi"}, f"fix fix-one: key 'files': {[A]} not inside vllm_gaudi/"),
+        ({"pre_sha256": {A: "abc"}}, "fix fix-one: key 'pre_sha256' must map each of 'files'"),
+        ({"why": "two\nlines"}, "fix fix-one: key 'why' must be one line"),
+        ({"name": "other"}, "fix fix-one: key 'name' is 'other'"),
+    ],
+)
 def test_manifest_is_validated_strictly(env, meta, message):
     env.standard_fixes()
     env.fix("fix-one", {A: (BASE[A], edit(BASE[A], "a_10 = 10\n", "a_10 = 100\n"))}, **meta)
@@ -532,13 +600,16 @@ def test_missing_manifest_key_is_named(env):
     assert result.returncode == 1 and "fix fix-two: missing key 'written_against'" in result.stderr
 
 
-@pytest.mark.parametrize("diff, message", [
-    (f"--- a/{A}\n+++ b/{A}\n@@ -1,3 +1,3 @@\n a_1 = 1\n-a_2 = 2\n+a_2 = 22\n", "diff ends inside the hunk"),
-    (f"--- a/{A}\n+++ b/{A}\n@@ -1,2 +1,2 @@\n a_1 = 1\n-a_2 = 2\n+a_2 = 22\n a_3 = 3\n", "outside any hunk"),
-    (f"--- a/{A}\n+++ b/{A}\n@@ -2 +2 @@\n-a_2 = 2\n+a_2 = 22\n", "hunk has no context lines"),
-    (f"--- /dev/null\n+++ b/{A}\n@@ -0,0 +1 @@\n+new\n", "only edits of existing files"),
-    (f"--- a/{A}\n+++ b/{A}\n@@ -1,2 +1,2 @@\n a_1 = 1\n*a_2 = 2\n", "unexpected line"),
-])
+@pytest.mark.parametrize(
+    "diff, message",
+    [
+        (f"--- a/{A}\n+++ b/{A}\n@@ -1,3 +1,3 @@\n a_1 = 1\n-a_2 = 2\n+a_2 = 22\n", "diff ends inside the hunk"),
+        (f"--- a/{A}\n+++ b/{A}\n@@ -1,2 +1,2 @@\n a_1 = 1\n-a_2 = 2\n+a_2 = 22\n a_3 = 3\n", "outside any hunk"),
+        (f"--- a/{A}\n+++ b/{A}\n@@ -2 +2 @@\n-a_2 = 2\n+a_2 = 22\n", "hunk has no context lines"),
+        (f"--- /dev/null\n+++ b/{A}\n@@ -0,0 +1 @@\n+new\n", "only edits of existing files"),
+        (f"--- a/{A}\n+++ b/{A}\n@@ -1,2 +1,2 @@\n a_1 = 1\n*a_2 = 2\n", "unexpected line"),
+    ],
+)
 def test_malformed_diffs_are_refused(env, diff, message):
     env.standard_fixes()
     env.fix("fix-one", {A: ("", "")}, diff=diff)
@@ -577,14 +648,23 @@ def test_unreadable_old_manifest_stops_before_any_change(env):
     assert env.read(A) == BASE[A]
 
 
-@pytest.mark.parametrize("where, upstream, message", [
-    ("start", lambda t: "# new first line\n" + t,
-     "hunk @@ -1,3 +1,4 @@: belongs at the start of the file: line 1: expected 'a_1 = 1\\n', "
-     "found '# new first line\\n'"),
-    ("end", lambda t: t + "# new last line\n",
-     "hunk @@ -28,3 +28,4 @@: belongs at the end of the file: line 29: expected 'a_28 = 28\\n', "
-     "found 'a_29 = 29\\n'"),
-])
+@pytest.mark.parametrize(
+    "where, upstream, message",
+    [
+        (
+            "start",
+            lambda t: "# new first line\n" + t,
+            "hunk @@ -1,3 +1,4 @@: belongs at the start of the file: line 1: expected 'a_1 = 1\\n', "
+            "found '# new first line\\n'",
+        ),
+        (
+            "end",
+            lambda t: t + "# new last line\n",
+            "hunk @@ -28,3 +28,4 @@: belongs at the end of the file: line 29: expected 'a_28 = 28\\n', "
+            "found 'a_29 = 29\\n'",
+        ),
+    ],
+)
 def test_hunk_at_a_file_boundary_does_not_float(env, where, upstream, message):
     # diff -u gives a hunk at the start (end) of a file less context before (after) the
     # change; once the file has grown there, applying it one line further would be wrong.
@@ -599,9 +679,11 @@ def test_hunk_at_a_file_boundary_does_not_float(env, where, upstream, message):
 def test_git_style_diff_with_preamble_and_index_lines(env):
     env.standard_fixes()
     after = edit(BASE[A], "a_10 = 10\n", "a_10 = 100\n")
-    diff = ("From 0123456789 Mon Sep 17 00:00:00 2001\nSubject: [PATCH] test\n---\n"
-            f" {A} | 2 +-\n 1 file changed\n\n"
-            f"diff --git a/{A} b/{A}\nindex 1111111..2222222 100644\n" + make_diff(A, BASE[A], after))
+    diff = (
+        "From 0123456789 Mon Sep 17 00:00:00 2001\nSubject: [PATCH] test\n---\n"
+        f" {A} | 2 +-\n 1 file changed\n\n"
+        f"diff --git a/{A} b/{A}\nindex 1111111..2222222 100644\n" + make_diff(A, BASE[A], after)
+    )
     env.fix("fix-one", {A: (BASE[A], after)}, diff=diff)
     ok(env.run())
     assert env.read(A) == after
@@ -611,5 +693,6 @@ def test_list_marks_a_fix_without_folder_unusable(env):
     env.standard_fixes()
     result = env.run("--list")
     assert result.returncode == 1
-    assert [line.split()[:4] for line in result.stdout.splitlines() if "UNUSABLE" in line] == \
-        [["opt-in", "?", "opt-b", "UNUSABLE:"]]
+    assert [line.split()[:4] for line in result.stdout.splitlines() if "UNUSABLE" in line] == [
+        ["opt-in", "?", "opt-b", "UNUSABLE:"]
+    ]

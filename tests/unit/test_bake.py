@@ -1,6 +1,7 @@
 """docker-bake.hcl: it parses as HCL, has one target per row of targets.yaml, and passes exactly the
 build args build.py passes. `docker buildx bake` itself is not installable here (no Debian bookworm
 package, nothing on PyPI), so its own reading of the file runs only where buildx exists."""
+
 import json
 import shutil
 import subprocess
@@ -60,9 +61,12 @@ def test_shared_settings_live_in_the_abstract_target(parsed):
 
 def test_per_commit_facts_are_variables_with_defaults(m, parsed):
     variables = blocks(parsed, "variable")
-    assert variables == {"REVISION": {"default": "unknown"}, "CREATED": {"default": "1970-01-01T00:00:00Z"},
-                         # where build.py serves the audio extras' wheelhouse
-                         "WHEELS_URL": {"default": f"http://127.0.0.1:{wheels.WHEELHOUSE_PORT}/"}}
+    assert variables == {
+        "REVISION": {"default": "unknown"},
+        "CREATED": {"default": "1970-01-01T00:00:00Z"},
+        # where build.py serves the audio extras' wheelhouse
+        "WHEELS_URL": {"default": f"http://127.0.0.1:{wheels.WHEELHOUSE_PORT}/"},
+    }
     for name in m.targets:
         args = blocks(parsed, "target")[f"gemma4-e2b-{name}"]["args"]
         assert args["GEMMA4_REVISION"] == "${REVISION}" and args["GEMMA4_CREATED"] == "${CREATED}"
@@ -85,8 +89,11 @@ def build_target_args(m, name, monkeypatch, tmp_path) -> dict[str, str]:
         attrs = {"RepoDigests": []}
 
     monkeypatch.setattr(images.upstream, "stage", lambda *a, **k: [])
-    monkeypatch.setattr(images.tokenizer_copy, "stage",
-                        lambda matrix_, n, source, out: (tmp_path, m.project.model if t.bos_tokenizer else ""))
+    monkeypatch.setattr(
+        images.tokenizer_copy,
+        "stage",
+        lambda matrix_, n, source, out: (tmp_path, m.project.model if t.bos_tokenizer else ""),
+    )
     monkeypatch.setattr(images, "resolve_base", lambda client, matrix_, n, override, log: t.base.ref)
     monkeypatch.setattr(images, "local_image", lambda client, ref: Base())
     monkeypatch.setattr(images, "build", lambda client, spec, log, verbose=False: seen.update(spec=spec))
@@ -100,8 +107,7 @@ def build_target_args(m, name, monkeypatch, tmp_path) -> dict[str, str]:
 def test_args_are_what_build_target_passes(m, parsed, name, monkeypatch, tmp_path):
     expected = build_target_args(m, name, monkeypatch, tmp_path)
     args = blocks(parsed, "target")[f"gemma4-e2b-{name}"]["args"]
-    variables = {"REVISION": facts.revision(), "CREATED": facts.created(),
-                 "WHEELS_URL": expected["GEMMA4_WHEELS_URL"]}
+    variables = {"REVISION": facts.revision(), "CREATED": facts.created(), "WHEELS_URL": expected["GEMMA4_WHEELS_URL"]}
     got = {k: hcl_value(v, variables) for k, v in args.items()}
     # The base's digest is read from the pulled base by build.py; bake has only targets.yaml's pin.
     assert got.pop("GEMMA4_BASE_DIGEST") == (m.targets[name].base.digest or "")
@@ -123,7 +129,7 @@ def test_gaudi_stage1_is_a_target_the_gaudi_base_resolves_to(m, parsed):
     assert targets["gemma4-e2b-gaudi2-base"]["tags"] == [t.base.image]
 
 
-@pytest.mark.parametrize("value", ['plain', 'quote " and back\\slash', "template ${HOME} and %{ if }", "two\nlines"])
+@pytest.mark.parametrize("value", ["plain", 'quote " and back\\slash', "template ${HOME} and %{ if }", "two\nlines"])
 def test_strings_survive_hcl_escaping(value):
     parsed = parse(f"x = {bake._string(value)}\n")
     assert hcl_value(parsed["x"], {}).replace("\\n", "\n") == value
@@ -141,12 +147,20 @@ def test_render_writes_the_bake_file(m):
     assert rendered[bake.BAKE_FILE] == bake.render_bake(m)
 
 
-@pytest.mark.skipif(shutil.which("docker") is None or subprocess.run(
-    ["docker", "buildx", "version"], capture_output=True).returncode != 0,
-    reason="docker buildx is not installed (no Debian bookworm package, not on PyPI)")
+@pytest.mark.skipif(
+    shutil.which("docker") is None
+    or subprocess.run(["docker", "buildx", "version"], capture_output=True).returncode != 0,
+    reason="docker buildx is not installed (no Debian bookworm package, not on PyPI)",
+)
 def test_buildx_reads_the_same_args(m, tmp_path):
-    out = subprocess.run(["docker", "buildx", "bake", "-f", "-", "--print", "gemma4-e2b-h100"],
-                         input=bake.render_bake(m), capture_output=True, text=True, cwd=ROOT, check=True)
+    out = subprocess.run(
+        ["docker", "buildx", "bake", "-f", "-", "--print", "gemma4-e2b-h100"],
+        input=bake.render_bake(m),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=True,
+    )
     target = json.loads(out.stdout)["target"]["gemma4-e2b-h100"]
     assert target["args"]["BASE_IMAGE"] == m.targets["h100"].base.ref
     assert target["args"]["GEMMA4_REVISION"] == "unknown"

@@ -1,4 +1,5 @@
 """The pure parts of the benchmarks: scoring, tables, build-log parsing, regression naming."""
+
 import json
 import sys
 
@@ -47,7 +48,7 @@ def test_random_prompts_avoid_special_ids_and_stay_below_vocab():
     prompts = h.random_prompts(ids, 8, 100, seed=3)
     flat = {t for p in prompts for t in p}
     assert flat <= set(range(107, 507)) - {255, 256}
-    assert prompts == h.random_prompts(ids, 8, 100, seed=3)        # same seed, same prompts
+    assert prompts == h.random_prompts(ids, 8, 100, seed=3)  # same seed, same prompts
     with pytest.raises(ValueError):
         h.valid_token_ids(2, {0, 1})
 
@@ -62,12 +63,17 @@ def test_correctness_counts_first_tokens_and_whole_continuations():
 
 def test_offline_table_has_the_recipes_columns_and_the_ratio():
     cases = [h.scaled_case("prefill-bs16", 1.0), h.scaled_case("decode-bs64", 1.0)]
-    result = {"cases": cases, "modes": {"stock": {"prefill-bs16": {"tok_s": 59200.0}, "decode-bs64": {"tok_s": 21800.0}},
-                                        "fast": {"prefill-bs16": {"tok_s": 108700.0}}}}
+    result = {
+        "cases": cases,
+        "modes": {
+            "stock": {"prefill-bs16": {"tok_s": 59200.0}, "decode-bs64": {"tok_s": 21800.0}},
+            "fast": {"prefill-bs16": {"tok_s": 108700.0}},
+        },
+    }
     lines = h.offline_table(result).splitlines()
     assert [c.strip() for c in lines[0].strip("|").split("|")] == ["Case", "Stock", "Fast prefill", "fast/stock"]
     assert "59.2k tok/s" in lines[2] and "108.7k" in lines[2] and "1.84x" in lines[2]
-    assert lines[3].rstrip(" |").endswith("-")                     # a missing mode is a dash, not a crash
+    assert lines[3].rstrip(" |").endswith("-")  # a missing mode is a dash, not a crash
 
 
 def test_served_table_and_recipe_figures():
@@ -82,14 +88,14 @@ def test_mode_flags_and_sse_and_engine_args():
     assert h.parse_sse_line(b"data: [DONE]\n") == "[DONE]"
     assert h.parse_sse_line(b": keep-alive\n") is None
     assert h.parse_sse_line(b'data: {"choices": [{"text": "a"}]}\n') == {"choices": [{"text": "a"}]}
-    assert h.parse_engine_args(["--max-num-seqs", "64", "--enforce-eager", "--block-size=16",
-                                "--hf-overrides", '{"a": 1}']) == \
-        {"max_num_seqs": 64, "enforce_eager": True, "block_size": 16, "hf_overrides": {"a": 1}}
+    assert h.parse_engine_args(
+        ["--max-num-seqs", "64", "--enforce-eager", "--block-size=16", "--hf-overrides", '{"a": 1}']
+    ) == {"max_num_seqs": 64, "enforce_eager": True, "block_size": 16, "hf_overrides": {"a": 1}}
 
 
 def test_parse_steps_counts_what_the_cache_did_not_serve():
     steps = bench.parse_steps(LOG)
-    assert [s.number for s in steps] == [3, 4, 5, 6, 7, 8]       # ARG/FROM before the base left out
+    assert [s.number for s in steps] == [3, 4, 5, 6, 7, 8]  # ARG/FROM before the base left out
     again = bench.rebuilt(steps)
     assert [s.instruction.split()[0] for s in again] == ["COPY", "RUN"]
     assert all(s.layer for s in again) and not bench.Step(5, "ARG X", False).layer
@@ -101,20 +107,36 @@ def test_regression_is_named_with_its_cause():
     assert why == "its source changed: .build/tokenizer/xeon6/tokenizer.json"
     assert "unchanged" in bench.why_rebuilt(copy_step, ["patches/x/fix.json"], {}, {"GEMMA4_TARGET": "xeon6"})
     arg = bench.Step(9, "ARG GEMMA4_FIXES_OPT_IN", False)
-    assert bench.why_rebuilt(arg, [], {"GEMMA4_FIXES_OPT_IN": "a"}, {"GEMMA4_FIXES_OPT_IN": "a b"}) == \
-        "build arg GEMMA4_FIXES_OPT_IN changed: 'a' -> 'a b'"
+    assert (
+        bench.why_rebuilt(arg, [], {"GEMMA4_FIXES_OPT_IN": "a"}, {"GEMMA4_FIXES_OPT_IN": "a b"})
+        == "build arg GEMMA4_FIXES_OPT_IN changed: 'a' -> 'a b'"
+    )
     run = bench.Step(10, "RUN true", False)
     assert bench.why_rebuilt(run, [], {"A": "1"}, {"A": "2"}) == "build args in scope changed: A"
 
 
 def test_targets_are_judged_on_layers_and_time_separately():
-    ok = bench.judge(bench.Scenario("one patch", 0.4, 20, 15, 5, "COPY patches/ /x", ratio=0.04),
-                     "COPY patches/", forbidden=("COPY .build/tokenizer/",))
+    ok = bench.judge(
+        bench.Scenario("one patch", 0.4, 20, 15, 5, "COPY patches/ /x", ratio=0.04),
+        "COPY patches/",
+        forbidden=("COPY .build/tokenizer/",),
+    )
     assert ok.ok and ok.layers_ok and ok.time_ok
     slow = bench.judge(bench.Scenario("one patch", 2.4, 20, 15, 5, "COPY patches/ /x", ratio=0.26), "COPY patches/")
     assert slow.layers_ok and not slow.time_ok and not slow.ok
-    wrong = bench.judge(bench.Scenario("one patch", 3, 20, 18, 6, "COPY .build/tokenizer/x /y", ratio=0.3,
-                                       rebuilt_steps=["COPY .build/tokenizer/x /y"]), "COPY patches/")
+    wrong = bench.judge(
+        bench.Scenario(
+            "one patch",
+            3,
+            20,
+            18,
+            6,
+            "COPY .build/tokenizer/x /y",
+            ratio=0.3,
+            rebuilt_steps=["COPY .build/tokenizer/x /y"],
+        ),
+        "COPY patches/",
+    )
     assert not wrong.layers_ok
     assert bench.judge(bench.Scenario("no change", 0.1, 20, 0, 0, None), None).ok
     assert not bench.judge(bench.Scenario("no change", 0.1, 20, 1, 1, "RUN x"), None).ok
@@ -135,10 +157,14 @@ def test_render_without_docker_figures_still_has_the_recipe():
 
 
 def test_history_entries_read_as_steps():
-    assert bench.step_label("/bin/bash -o pipefail -c #(nop) COPY file:abc in /usr/local/bin/gemma4-serve ") == \
-        "COPY file:abc in /usr/local/bin/gemma4-serve"
-    assert bench.step_label("|3 A=1 B=x y /bin/bash -o pipefail -c gemma4-serve --self-check") == \
-        "RUN gemma4-serve --self-check"
+    assert (
+        bench.step_label("/bin/bash -o pipefail -c #(nop) COPY file:abc in /usr/local/bin/gemma4-serve ")
+        == "COPY file:abc in /usr/local/bin/gemma4-serve"
+    )
+    assert (
+        bench.step_label("|3 A=1 B=x y /bin/bash -o pipefail -c gemma4-serve --self-check")
+        == "RUN gemma4-serve --self-check"
+    )
     assert len(bench.step_label("/bin/sh -c " + "x" * 200)) == 80
 
 

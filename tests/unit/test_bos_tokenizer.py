@@ -18,8 +18,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 APPLY = ROOT / "patches" / "gemma4-bos-tokenizer" / "apply.py"
 BOS = 2
-ALLOWED = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-           "tokenizer.model", "config.json", "gemma4-bos.json"}
+ALLOWED = {
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "tokenizer.model",
+    "config.json",
+    "gemma4-bos.json",
+}
 FAKE_TOKEN = "hf_FAKEtokenDoNotLeak0123456789abcdef"
 
 
@@ -54,8 +61,9 @@ def _edit_json(path: Path, edit) -> None:
 
 
 def _cli(*args, env=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(APPLY), *map(str, args)], capture_output=True, text=True,
-                          env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(APPLY), *map(str, args)], capture_output=True, text=True, env=env, timeout=300
+    )
 
 
 def test_source_lacks_bos_and_copy_adds_exactly_one(source, patched):
@@ -134,8 +142,9 @@ def test_rerun_on_its_own_output_is_a_noop(source, patched, tmp_path):
 
 def test_a_python_without_transformers_gets_one_line_saying_what_to_install(source, tmp_path):
     # -S: no site-packages, so transformers cannot be imported (the standard library still can).
-    run = subprocess.run([sys.executable, "-S", str(APPLY), str(source), str(tmp_path / "out")],
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, "-S", str(APPLY), str(source), str(tmp_path / "out")], capture_output=True, text=True
+    )
     assert run.returncode == 1
     assert "Traceback" not in run.stderr and len(run.stderr.strip().splitlines()) == 1
     assert "needs transformers, tokenizers and huggingface_hub" in run.stderr and "pip install" in run.stderr
@@ -144,12 +153,21 @@ def test_a_python_without_transformers_gets_one_line_saying_what_to_install(sour
 
 def test_accepts_an_equivalent_bos_template_as_is(source, tmp_path):
     src = _copy_tokenizer(source, tmp_path / "src")
-    _edit_json(src / "tokenizer.json", lambda d: d.update(post_processor={
-        "type": "TemplateProcessing",
-        "single": [{"SpecialToken": {"id": "<bos>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
-        "pair": [{"SpecialToken": {"id": "<bos>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
-                 {"Sequence": {"id": "B", "type_id": 1}}],
-        "special_tokens": {"<bos>": {"id": "<bos>", "ids": [BOS], "tokens": ["<bos>"]}}}))
+    _edit_json(
+        src / "tokenizer.json",
+        lambda d: d.update(
+            post_processor={
+                "type": "TemplateProcessing",
+                "single": [{"SpecialToken": {"id": "<bos>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+                "pair": [
+                    {"SpecialToken": {"id": "<bos>", "type_id": 0}},
+                    {"Sequence": {"id": "A", "type_id": 0}},
+                    {"Sequence": {"id": "B", "type_id": 1}},
+                ],
+                "special_tokens": {"<bos>": {"id": "<bos>", "ids": [BOS], "tokens": ["<bos>"]}},
+            }
+        ),
+    )
     record = apply.make_bos_copy(str(src), tmp_path / "out")
     assert record["changes"] == ["tokenizer_config.json: add_bos_token true"]
     assert (tmp_path / "out" / "tokenizer.json").read_bytes() == (src / "tokenizer.json").read_bytes()
@@ -176,14 +194,23 @@ def test_refuses_a_bos_token_missing_from_the_vocabulary(source, tmp_path):
         apply.make_bos_copy(str(src), tmp_path / "out")
 
 
-@pytest.mark.parametrize("foreign", [
-    {"type": "TemplateProcessing", "single": [{"Sequence": {"id": "A", "type_id": 0}},
-                                              {"SpecialToken": {"id": "<eos>", "type_id": 0}}],
-     "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}},
-              {"SpecialToken": {"id": "<eos>", "type_id": 1}}],
-     "special_tokens": {"<eos>": {"id": "<eos>", "ids": [1], "tokens": ["<eos>"]}}},
-    {"type": "BertProcessing", "sep": ["<eos>", 1], "cls": ["<bos>", 2]},
-], ids=["appends-eos", "bert"])
+@pytest.mark.parametrize(
+    "foreign",
+    [
+        {
+            "type": "TemplateProcessing",
+            "single": [{"Sequence": {"id": "A", "type_id": 0}}, {"SpecialToken": {"id": "<eos>", "type_id": 0}}],
+            "pair": [
+                {"Sequence": {"id": "A", "type_id": 0}},
+                {"Sequence": {"id": "B", "type_id": 1}},
+                {"SpecialToken": {"id": "<eos>", "type_id": 1}},
+            ],
+            "special_tokens": {"<eos>": {"id": "<eos>", "ids": [1], "tokens": ["<eos>"]}},
+        },
+        {"type": "BertProcessing", "sep": ["<eos>", 1], "cls": ["<bos>", 2]},
+    ],
+    ids=["appends-eos", "bert"],
+)
 def test_refuses_a_foreign_post_processor(source, tmp_path, foreign):
     src = _copy_tokenizer(source, tmp_path / "src")
     _edit_json(src / "tokenizer.json", lambda d: d.update(post_processor=foreign))
@@ -234,8 +261,12 @@ def test_hub_download_fetches_only_tokenizer_files_and_keeps_the_token_out(sourc
     record = apply.make_bos_copy("google/gemma-4-E2B-it", tmp_path / "out")
     assert calls[0]["token"] == FAKE_TOKEN and calls[0]["repo_id"] == "google/gemma-4-E2B-it"
     assert not any(fnmatch.fnmatch("model.safetensors", p) for p in calls[0]["allow_patterns"])
-    assert record["source"] == {"kind": "hub", "repo_id": "google/gemma-4-E2B-it", "revision": None,
-                                "commit": "0123abc"}
+    assert record["source"] == {
+        "kind": "hub",
+        "repo_id": "google/gemma-4-E2B-it",
+        "revision": None,
+        "commit": "0123abc",
+    }
     assert BOS == _tok(tmp_path / "out")("Hi")["input_ids"][0]
     _assert_token_absent(tmp_path / "out", json.dumps(record))
 

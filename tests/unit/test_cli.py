@@ -1,4 +1,5 @@
 """build.py as users call it: clear errors, the right `docker run` per family, drift detection."""
+
 import shutil
 import subprocess
 import sys
@@ -12,8 +13,7 @@ ROOT = matrix.ROOT
 
 
 def cli(*args, env=None, cwd=ROOT):
-    return subprocess.run([sys.executable, "build.py", *args], cwd=cwd, capture_output=True, text=True,
-                          env=env)
+    return subprocess.run([sys.executable, "build.py", *args], cwd=cwd, capture_output=True, text=True, env=env)
 
 
 def test_list_shows_every_target():
@@ -29,14 +29,20 @@ def test_unknown_target_is_a_usage_error_listing_targets():
     assert "unknown target 'h800'" in r.stderr and "gaudi2" in r.stderr and "Traceback" not in r.stderr
 
 
-@pytest.mark.parametrize("args, what", [
-    (["build", "cpu", "--tiny", "--base-image", "Bad Ref!!"], "--base-image 'Bad Ref!!'"),
-    (["build", "cpu", "--tiny", "--tag", "Bad-Tag:1"], "--tag 'Bad-Tag:1'"),
-    (["smoke", "cpu", "--tiny", "--image", "Bad Ref"], "--image 'Bad Ref'"),
-    (["inspect", "Bad Ref!!"], "IMAGE 'Bad Ref!!'"),
-    (["run", "cpu", "--image", "UPPER/case:1", "--print"], "--image 'UPPER/case:1'"),
-    (["push", "cpu", "--registry", "127.0.0.1:5000/Upper"], "--registry '127.0.0.1:5000/Upper' is not a valid registry"),
-])
+@pytest.mark.parametrize(
+    "args, what",
+    [
+        (["build", "cpu", "--tiny", "--base-image", "Bad Ref!!"], "--base-image 'Bad Ref!!'"),
+        (["build", "cpu", "--tiny", "--tag", "Bad-Tag:1"], "--tag 'Bad-Tag:1'"),
+        (["smoke", "cpu", "--tiny", "--image", "Bad Ref"], "--image 'Bad Ref'"),
+        (["inspect", "Bad Ref!!"], "IMAGE 'Bad Ref!!'"),
+        (["run", "cpu", "--image", "UPPER/case:1", "--print"], "--image 'UPPER/case:1'"),
+        (
+            ["push", "cpu", "--registry", "127.0.0.1:5000/Upper"],
+            "--registry '127.0.0.1:5000/Upper' is not a valid registry",
+        ),
+    ],
+)
 def test_an_invalid_reference_is_one_line_before_the_engine_is_asked(tmp_path, args, what):
     # No daemon here: the answer must come from the check, not from the engine.
     env = {"DOCKER_HOST": f"unix://{tmp_path}/no.sock", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
@@ -52,13 +58,15 @@ def test_an_engine_refusal_validation_missed_is_one_line(monkeypatch, capsys):
     from gemma4_images import cli as module
 
     def refuse():
-        raise APIError("400 Client Error", explanation='invalid reference format: repository name must be lowercase')
+        raise APIError("400 Client Error", explanation="invalid reference format: repository name must be lowercase")
+
     monkeypatch.setattr(module, "cli", refuse)
     with pytest.raises(SystemExit) as exit_:
         module.main()
     assert exit_.value.code == 1
-    assert capsys.readouterr().err == ("error: the Docker engine refused: invalid reference format: repository "
-                                       "name must be lowercase\n")
+    assert capsys.readouterr().err == (
+        "error: the Docker engine refused: invalid reference format: repository name must be lowercase\n"
+    )
 
 
 def test_unreachable_daemon_is_one_clear_line(tmp_path):
@@ -69,13 +77,16 @@ def test_unreachable_daemon_is_one_clear_line(tmp_path):
     assert "cannot reach the Docker daemon" in r.stderr
 
 
-@pytest.mark.parametrize("target, flags", [
-    ("gaudi2", "--runtime=habana -e HABANA_VISIBLE_DEVICES=all --cap-add=sys_nice --ipc=host"),
-    ("h100", "--gpus all --privileged --ipc=host"),
-    ("mi300x", "--device=/dev/kfd --device=/dev/dri --group-add=video"),
-    ("trillium", "--privileged --network host --shm-size 16G -v /dev/shm:/dev/shm -e HF_TOKEN"),
-    ("cpu", "--privileged --ipc=host -p 8000:8000"),
-])
+@pytest.mark.parametrize(
+    "target, flags",
+    [
+        ("gaudi2", "--runtime=habana -e HABANA_VISIBLE_DEVICES=all --cap-add=sys_nice --ipc=host"),
+        ("h100", "--gpus all --privileged --ipc=host"),
+        ("mi300x", "--device=/dev/kfd --device=/dev/dri --group-add=video"),
+        ("trillium", "--privileged --network host --shm-size 16G -v /dev/shm:/dev/shm -e HF_TOKEN"),
+        ("cpu", "--privileged --ipc=host -p 8000:8000"),
+    ],
+)
 def test_run_print_has_the_family_device_flags(target, flags):
     r = cli("run", target, "--print", "--max-model-len", "4096")
     assert r.returncode == 0
@@ -118,3 +129,11 @@ def test_every_dockerfile_passes_hadolint():
     files = sorted(str(p) for p in ROOT.glob("Dockerfile.*")) + [str(ROOT / "bases/vllm-cpu-local/Dockerfile")]
     r = subprocess.run([str(hadolint), "--no-color", *files], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_python_sources_pass_ruff_lint_and_format():
+    # CI runs the tests, not `make lint`, so the linter's verdict has to be a test to gate a merge.
+    ruff = Path(sys.executable).parent / "ruff"
+    for args in (["check", "--no-cache", "."], ["format", "--check", "--no-cache", "."]):
+        r = subprocess.run([str(ruff), *args], cwd=ROOT, capture_output=True, text=True)
+        assert r.returncode == 0, f"ruff {' '.join(args)}:\n{r.stdout}{r.stderr}"

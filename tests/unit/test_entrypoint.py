@@ -1,5 +1,6 @@
 """The image's entrypoint: the launch it builds for every target, the run-time choices and the
 recipe's "what not to do" guards. These import the very file the images run."""
+
 import json
 
 import pytest
@@ -46,12 +47,18 @@ def test_features_replace_edit_and_none(m):
     assert "--tool-call-parser" not in only and '{"image": 0, "audio": 0}' in only
     spec = serve.compose(r, {"GEMMA4_FEATURES": "+spec_decoding"}, [])
     assert spec.index("--speculative-config") > spec.index("--reasoning-parser")
-    assert serve.compose(r, {"GEMMA4_FEATURES": "none"}, []) == ["vllm", "serve", "google/gemma-4-E2B-it",
-                                                               "--tensor-parallel-size", "1"]
+    assert serve.compose(r, {"GEMMA4_FEATURES": "none"}, []) == [
+        "vllm",
+        "serve",
+        "google/gemma-4-E2B-it",
+        "--tensor-parallel-size",
+        "1",
+    ]
 
 
-@pytest.mark.parametrize("spec, match", [("telepathy", "unknown feature 'telepathy'"),
-                                         ("reasoning,+text_only", "mixes names")])
+@pytest.mark.parametrize(
+    "spec, match", [("telepathy", "unknown feature 'telepathy'"), ("reasoning,+text_only", "mixes names")]
+)
 def test_bad_feature_spec(m, spec, match):
     with pytest.raises(serve.UsageError, match=match):
         serve.compose(m.recipe("h100"), {"GEMMA4_FEATURES": spec}, [])
@@ -93,8 +100,7 @@ def test_print_command_and_exit_codes(m, tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out.strip()
     assert out.startswith("vllm serve google/gemma-4-E2B-it --max-model-len 32768")
     assert out.endswith("--max-num-seqs 8")
-    assert run_main(tmp_path, monkeypatch, m.recipe("gaudi2"), ["--print-command"],
-                    {"VLLM_SKIP_WARMUP": "false"}) == 2
+    assert run_main(tmp_path, monkeypatch, m.recipe("gaudi2"), ["--print-command"], {"VLLM_SKIP_WARMUP": "false"}) == 2
     assert "VLLM_SKIP_WARMUP" in capsys.readouterr().err
 
 
@@ -124,6 +130,7 @@ def test_build_info_uses_the_label_table(tmp_path):
 
 # -- audio switched off, and the build's capability check ------------------------------------------
 
+
 def without_audio(m, name):
     return {**m.recipe(name), "audio": False}
 
@@ -133,8 +140,10 @@ def test_audio_off_limits_audio_to_zero_in_the_value_vllm_uses(m):
     assert cmd[-2:] == ["--limit-mm-per-prompt", '{"audio": 0}']
     assert serve.mm_limits(cmd) == {"audio": 0}
     # text_only's value already refuses audio: nothing is added (gaudi2's launch stays the recipe's).
-    assert serve.compose(m.recipe("gaudi2"), {"GEMMA4_FEATURES": "-tool_calling"}, [])[-4:-2] == \
-        ["--limit-mm-per-prompt", '{"image":0,"audio":0,"video":0}']
+    assert serve.compose(m.recipe("gaudi2"), {"GEMMA4_FEATURES": "-tool_calling"}, [])[-4:-2] == [
+        "--limit-mm-per-prompt",
+        '{"image":0,"audio":0,"video":0}',
+    ]
     # Without text_only the image keeps images and still refuses audio.
     cmd = serve.compose(m.recipe("gaudi2"), {"GEMMA4_FEATURES": "-text_only"}, [])
     assert serve.mm_limits(cmd) == {"audio": 0}
@@ -151,8 +160,9 @@ def test_audio_off_edits_the_users_limit_in_place_and_follows_dotted_forms(m):
     assert cmd[-2:] == ["--limit-mm-per-prompt.audio", "0"] and serve.mm_limits(cmd) == {"image": 2, "audio": 0}
 
 
-@pytest.mark.parametrize("args", [["--limit-mm-per-prompt", '{"image": 4, "audio": 1}'],
-                                  ["--limit-mm-per-prompt.audio", "1"]])
+@pytest.mark.parametrize(
+    "args", [["--limit-mm-per-prompt", '{"image": 4, "audio": 1}'], ["--limit-mm-per-prompt.audio", "1"]]
+)
 def test_audio_off_refuses_a_launch_that_asks_for_audio(m, args):
     with pytest.raises(serve.UsageError, match="no audio extras .*audio: false for h100"):
         serve.compose(without_audio(m, "h100"), {}, args)
@@ -162,28 +172,39 @@ def test_mm_limits_reads_what_vllm_keeps():
     assert serve.mm_limits(["vllm", "serve"]) == {}
     assert serve.mm_limits(["--limit-mm-per-prompt", '{"a": 1}', "--limit-mm-per-prompt", '{"b": 2}']) == {"b": 2}
     # Dotted values replace the JSON one whatever the order (vLLM appends them last).
-    assert serve.mm_limits(["--limit-mm-per-prompt.audio", "0", "--limit-mm-per-prompt", '{"image": 1}']) == {"audio": 0}
+    assert serve.mm_limits(["--limit-mm-per-prompt.audio", "0", "--limit-mm-per-prompt", '{"image": 1}']) == {
+        "audio": 0
+    }
 
 
 def test_probe_plan_follows_the_launch(m):
     plan = dict(serve.probe_plan(m.recipe("h100")))
-    assert plan == {"transformers": None, "image": None, "tool_parser:gemma4": "gemma4",
-                    "reasoning_parser:gemma4": "gemma4", "audio": None, "cuda": None}
-    assert "audio" not in dict(serve.probe_plan(m.recipe("gaudi2")))      # audio: false
+    assert plan == {
+        "transformers": None,
+        "image": None,
+        "tool_parser:gemma4": "gemma4",
+        "reasoning_parser:gemma4": "gemma4",
+        "audio": None,
+        "cuda": None,
+    }
+    assert "audio" not in dict(serve.probe_plan(m.recipe("gaudi2")))  # audio: false
     assert "cuda" not in dict(serve.probe_plan(m.recipe("mi300x")))
 
 
 def test_capability_problems_name_the_target_and_the_switch(m):
-    results = {"transformers": {"ok": True, "value": None},
-               "audio": {"ok": False, "error": "ModuleNotFoundError: No module named 'av'"},
-               "cuda": {"ok": True, "value": "13.0"}}
+    results = {
+        "transformers": {"ok": True, "value": None},
+        "audio": {"ok": False, "error": "ModuleNotFoundError: No module named 'av'"},
+        "cuda": {"ok": True, "value": "13.0"},
+    }
     problems = serve.capability_problems(m.recipe("h200"), results)
     assert problems == [
         "h200: the base cannot decode and resample audio with vLLM's loader (ModuleNotFoundError: No module "
         "named 'av'); the audio extras must install (audio_extras in targets.yaml), or set audio: false for "
         "h200 to build an image whose launch refuses audio",
         "h200: the base's torch is built for CUDA 13.0, h200 expects CUDA 12.9: build on "
-        "vllm/vllm-openai:v0.30.0-cu129 (vllm/vllm-openai:v0.30.0 is the CUDA 13.0 build)"]
+        "vllm/vllm-openai:v0.30.0-cu129 (vllm/vllm-openai:v0.30.0 is the CUDA 13.0 build)",
+    ]
     assert serve.capability_problems(m.recipe("b300"), {"cuda": {"ok": True, "value": "13.0"}}) == []
 
 
@@ -200,15 +221,19 @@ def test_test_media_decode_as_what_they_claim():
     import wave
 
     from PIL import Image
+
     assert Image.open(io.BytesIO(serve.test_png(32))).size == (32, 32)
     with wave.open(io.BytesIO(serve.test_wav())) as w:
         assert (w.getframerate(), w.getnchannels(), w.getnframes()) == (44100, 1, 22050)
 
 
-@pytest.mark.parametrize("content, message", [
-    ("{not json", "is not valid JSON"),
-    ("[1, 2]", "is not a gemma4-images recipe"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("{not json", "is not valid JSON"),
+        ("[1, 2]", "is not a gemma4-images recipe"),
+    ],
+)
 def test_a_broken_recipe_file_is_one_line_naming_it(tmp_path, monkeypatch, capsys, content, message):
     path = tmp_path / "recipe.json"
     path.write_text(content)

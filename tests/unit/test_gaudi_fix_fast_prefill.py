@@ -24,6 +24,7 @@ emulated; get_config() (a namespace with the flags these paths read); set_forwar
 (it installs the metadata, as vLLM's does) and set_hpu_dp_metadata (no data parallelism).
 Not run: the HPU kernels themselves, HPU graphs, warm-up itself, merged prefill.
 """
+
 import contextlib
 import itertools
 import logging
@@ -50,18 +51,29 @@ LOGGER = "hpu_model_runner_under_test"
 # ------------------------------------------------------------------ the functions the fix adds
 def _runner_helpers(src):
     import typing
-    return h.defs(src, RUNNER, h.gaudi_fixes(), ["fast_prefill_eligible", "fast_prefill_blocks", "fast_prefill_index",
-                                                 "fast_prefill_plan_shape", "fast_prefill_paged_lists"],
-                  {"Optional": typing.Optional})
+
+    return h.defs(
+        src,
+        RUNNER,
+        h.gaudi_fixes(),
+        [
+            "fast_prefill_eligible",
+            "fast_prefill_blocks",
+            "fast_prefill_index",
+            "fast_prefill_plan_shape",
+            "fast_prefill_paged_lists",
+        ],
+        {"Optional": typing.Optional},
+    )
 
 
 def test_eligible_only_fresh_prompts_sampling_their_last_token(src):
     eligible = _runner_helpers(src)[0]
     assert eligible([5, 3], [0, 0], [[4], [2]])
-    assert not eligible([5, 3], [0, 128], [[4], [2]])      # a prefix-cache hit or a later chunk
-    assert not eligible([5], [0], [[]])                     # a partial chunk: nothing sampled
-    assert not eligible([5], [0], [[3, 4]])                 # several logits rows
-    assert not eligible([5], [0], [[3]])                    # a row that is not the last token
+    assert not eligible([5, 3], [0, 128], [[4], [2]])  # a prefix-cache hit or a later chunk
+    assert not eligible([5], [0], [[]])  # a partial chunk: nothing sampled
+    assert not eligible([5], [0], [[3, 4]])  # several logits rows
+    assert not eligible([5], [0], [[3]])  # a row that is not the last token
     assert not eligible([], [], [])
 
 
@@ -89,7 +101,7 @@ def test_blocks_cover_exactly_the_attended_positions(src, block_size, window):
         assert last == blocks[(seq_len - 1) // block_size] * block_size + (seq_len - 1) % block_size
         usage_last = last % block_size + 1  # what get_habana_paged_attn_buffers derives from the slot
         assert _attended(tables[0], None, usage_last, block_size) == where
-        assert _attended(wtables[0], wheads[0], usage_last, block_size) == where[max(0, seq_len - window):]
+        assert _attended(wtables[0], wheads[0], usage_last, block_size) == where[max(0, seq_len - window) :]
         assert all(head == 0 for head in wheads[0][1:])
         # the plan of any bucket that holds the prompt has room for its blocks and its window
         for target_seq in (seq_len, seq_len + rnd.randint(1, 3 * block_size)):
@@ -105,9 +117,9 @@ def test_blocks_cover_exactly_the_attended_positions(src, block_size, window):
 def test_paged_lists_keep_ids_and_pad_to_the_plan(src):
     *_, lists = _runner_helpers(src)
     blocks, groups, usage, head = lists([[300, 301], [7]], [[301 * 4 + 2], [7 * 4]], [[1, 0], [3]], 6, 4, 99)
-    assert blocks == [300, 301, 7, 99, 99, 99]   # ids kept, in row order, then the pad block
+    assert blocks == [300, 301, 7, 99, 99, 99]  # ids kept, in row order, then the pad block
     assert groups == [0, 0, 1, -1, -1, -1]
-    assert usage == [4, 3, 1, 1, 1, 1]           # full blocks, then each row's last slot + 1
+    assert usage == [4, 3, 1, 1, 1, 1]  # full blocks, then each row's last slot + 1
     assert head == [1, 0, 3, 0, 0, 0]
     with pytest.raises(AssertionError):
         lists([[1, 2, 3]], [[12]], None, 2, 4, 99)
@@ -123,10 +135,12 @@ def test_index_gathers_rows_and_scatters_them_back(src):
 
 def test_merge_and_rotary_helpers(src):
     import torch
-    merge, prepare = h.defs(src, MODEL, h.gaudi_fixes(), ["merge_fast_prefill_rows", "prepare_rotary_for_rows"],
-                            {"torch": torch})
-    hidden = torch.arange(12.).view(6, 2)
-    rows = -torch.arange(1., 7.).view(3, 2)
+
+    merge, prepare = h.defs(
+        src, MODEL, h.gaudi_fixes(), ["merge_fast_prefill_rows", "prepare_rotary_for_rows"], {"torch": torch}
+    )
+    hidden = torch.arange(12.0).view(6, 2)
+    rows = -torch.arange(1.0, 7.0).view(3, 2)
     out = merge(hidden, rows, torch.tensor([-1, 2, -1, 0, -1, -1]))
     assert out.tolist() == [[0, 1], [-5, -6], [4, 5], [-1, -2], [8, 9], [10, 11]]
 
@@ -141,8 +155,11 @@ def test_merge_and_rotary_helpers(src):
 
     shared, recomputing, unprepared = Rope(False), Rope(True), Rope(False)
     del unprepared.sin
-    layers = [torch.nn.ModuleDict({"rope": shared, "other": recomputing}), torch.nn.ModuleDict({"rope": shared}),
-              torch.nn.ModuleDict({"rope": unprepared})]
+    layers = [
+        torch.nn.ModuleDict({"rope": shared, "other": recomputing}),
+        torch.nn.ModuleDict({"rope": shared}),
+        torch.nn.ModuleDict({"rope": unprepared}),
+    ]
     prepare(layers, torch.tensor([3, 7]))
     # the runner-prepared cache is re-pointed once; a module that recomputes, or has none, is left alone
     assert shared.calls == [[3, 7]] and recomputing.calls == [] and unprepared.calls == []
@@ -152,8 +169,13 @@ def test_merge_and_rotary_helpers(src):
 def _config(contiguous_pa):
     """Stand-in get_config(): the flags the paths run here read, at their defaults on Gaudi 2
     (vllm_gaudi/extension/features.py), contiguous PA as the test asks."""
-    return types.SimpleNamespace(use_contiguous_pa=contiguous_pa, fp32_softmax=False, fused_block_softmax=False,
-                                 fused_block_softmax_adjustment=False, per_token_kv_scaling_support=False)
+    return types.SimpleNamespace(
+        use_contiguous_pa=contiguous_pa,
+        fp32_softmax=False,
+        fused_block_softmax=False,
+        fused_block_softmax_adjustment=False,
+        per_token_kv_scaling_support=False,
+    )
 
 
 def _pow2(n):
@@ -171,67 +193,148 @@ def _runner(src, fixes, contiguous_pa, num_blocks=NUM_BLOCKS, block_bucket=lambd
     import torch
     from vllm.v1.attention.backend import AttentionMetadata
 
-    base = {"torch": torch, "itertools": itertools, "collections": collections, "math": __import__("math"),
-            "dataclass": dataclasses.dataclass, "field": dataclasses.field, "Optional": typing.Optional,
-            "Callable": typing.Callable, "Any": typing.Any, "AttentionMetadata": AttentionMetadata,
-            "async_h2d_copy": h._cpu_utils_stub(src).async_h2d_copy, "is_fake_hpu": lambda: True,
-            "logger": logging.getLogger(LOGGER)}
+    base = {
+        "torch": torch,
+        "itertools": itertools,
+        "collections": collections,
+        "math": __import__("math"),
+        "dataclass": dataclasses.dataclass,
+        "field": dataclasses.field,
+        "Optional": typing.Optional,
+        "Callable": typing.Callable,
+        "Any": typing.Any,
+        "AttentionMetadata": AttentionMetadata,
+        "async_h2d_copy": h._cpu_utils_stub(src).async_h2d_copy,
+        "is_fake_hpu": lambda: True,
+        "logger": logging.getLogger(LOGGER),
+    }
     base.update(h.defs_from_file(src, "vllm_gaudi/extension/utils.py", (), ["pad_list", "align_and_pad"], base))
-    base.update(h.defs_from_file(src, "vllm_gaudi/attention/ops/hpu_paged_attn.py", (),
-                                 ["HPUPagedAttentionMetadata"], base))
-    base.update(h.defs_from_file(src, "vllm_gaudi/attention/backends/hpu_attn.py", (), ["HPUAttentionMetadata"],
-                                 base))
+    base.update(
+        h.defs_from_file(src, "vllm_gaudi/attention/ops/hpu_paged_attn.py", (), ["HPUPagedAttentionMetadata"], base)
+    )
+    base.update(h.defs_from_file(src, "vllm_gaudi/attention/backends/hpu_attn.py", (), ["HPUAttentionMetadata"], base))
     base.update(h.defs_from_file(src, ATTN_V1, fixes, ["HPUAttentionMetadataV1"], base))
-    names = ["_TYPE_CACHE", "empty_list", "BatchContents", "PrefillInputData", "flatten", "gather_list", "round_up",
-             "subtuple", "custom_tuple_replace", "trim_attn_metadata", "fast_prefill_eligible", "fast_prefill_blocks",
-             "fast_prefill_index", "fast_prefill_plan_shape", "fast_prefill_paged_lists"]
+    names = [
+        "_TYPE_CACHE",
+        "empty_list",
+        "BatchContents",
+        "PrefillInputData",
+        "flatten",
+        "gather_list",
+        "round_up",
+        "subtuple",
+        "custom_tuple_replace",
+        "trim_attn_metadata",
+        "fast_prefill_eligible",
+        "fast_prefill_blocks",
+        "fast_prefill_index",
+        "fast_prefill_plan_shape",
+        "fast_prefill_paged_lists",
+    ]
     ns = dict(base, **h.defs_from_file(src, RUNNER, fixes, names, base))
-    methods = h.defs_from_file(src, RUNNER, fixes, ["_form_prefill_batch", "_fast_prefill_enabled",
-                                                    "_attach_fast_prefill", "get_habana_paged_attn_buffers",
-                                                    "_bucketize_2d_prompt", "_get_prompt_bucketing_fn"],
-                               ns, cls="HPUModelRunner")
-    processor = h.defs_from_file(src, RUNNER, fixes, ["_set_attn_bias", "_set_attn_bias_for_sliding_window",
-                                                      "_set_block_mapping", "process_metadata"], ns,
-                                 cls="HPUAttentionMetadataProcessor")
-    adapter = h.defs_from_file(src, RUNNER, fixes, ["forward", "_reset_rotary_cos_sin"],
-                               dict(ns, LoraMask=None, _mark_unbacked_dim0=lambda t: None,
-                                    set_forward_context=_set_forward_context,
-                                    set_hpu_dp_metadata=lambda *a: contextlib.nullcontext()),
-                               cls="HpuModelAdapter")
+    methods = h.defs_from_file(
+        src,
+        RUNNER,
+        fixes,
+        [
+            "_form_prefill_batch",
+            "_fast_prefill_enabled",
+            "_attach_fast_prefill",
+            "get_habana_paged_attn_buffers",
+            "_bucketize_2d_prompt",
+            "_get_prompt_bucketing_fn",
+        ],
+        ns,
+        cls="HPUModelRunner",
+    )
+    processor = h.defs_from_file(
+        src,
+        RUNNER,
+        fixes,
+        ["_set_attn_bias", "_set_attn_bias_for_sliding_window", "_set_block_mapping", "process_metadata"],
+        ns,
+        cls="HPUAttentionMetadataProcessor",
+    )
+    adapter = h.defs_from_file(
+        src,
+        RUNNER,
+        fixes,
+        ["forward", "_reset_rotary_cos_sin"],
+        dict(
+            ns,
+            LoraMask=None,
+            _mark_unbacked_dim0=lambda t: None,
+            set_forward_context=_set_forward_context,
+            set_hpu_dp_metadata=lambda *a: contextlib.nullcontext(),
+        ),
+        cls="HpuModelAdapter",
+    )
     runner = type("Runner", (), methods)()
     runner.__dict__.update(
-        profiler=types.SimpleNamespace(enabled=False), attn_block_size=BLOCK, block_size=BLOCK,
-        sliding_window=WINDOW, interleaved_sliding_window=True, _get_model_type=lambda: "gemma4",
-        use_merged_prefill=False, max_prefill_batch_size=8, get_dp_padding=lambda n: 0, uses_mrope=False,
-        logits_rounding=1, num_mamba_like_layers=0, device="cpu", pin_memory=False, use_contiguous_pa=contiguous_pa,
+        profiler=types.SimpleNamespace(enabled=False),
+        attn_block_size=BLOCK,
+        block_size=BLOCK,
+        sliding_window=WINDOW,
+        interleaved_sliding_window=True,
+        _get_model_type=lambda: "gemma4",
+        use_merged_prefill=False,
+        max_prefill_batch_size=8,
+        get_dp_padding=lambda n: 0,
+        uses_mrope=False,
+        logits_rounding=1,
+        num_mamba_like_layers=0,
+        device="cpu",
+        pin_memory=False,
+        use_contiguous_pa=contiguous_pa,
         bucketing_manager=types.SimpleNamespace(
             find_prompt_bucket=lambda bs, seq, ctx: (bs, -(-seq // 8) * 8, ctx),
-            find_decode_bucket=lambda bs, blocks, seed_buckets=False: (_pow2(bs), 1, block_bucket(blocks))),
-        _PAD_SLOT_ID=num_blocks * BLOCK, _PAD_BLOCK_ID=num_blocks, model_config=types.SimpleNamespace(
-            dtype=torch.float64), cache_config=types.SimpleNamespace(kv_sharing_fast_prefill=True),
-        shared_kv_cache_layers={"cross.0": "self.0"}, kv_caches=[object()],
-        parallel_config=types.SimpleNamespace(data_parallel_size=1))
+            find_decode_bucket=lambda bs, blocks, seed_buckets=False: (_pow2(bs), 1, block_bucket(blocks)),
+        ),
+        _PAD_SLOT_ID=num_blocks * BLOCK,
+        _PAD_BLOCK_ID=num_blocks,
+        model_config=types.SimpleNamespace(dtype=torch.float64),
+        cache_config=types.SimpleNamespace(kv_sharing_fast_prefill=True),
+        shared_kv_cache_layers={"cross.0": "self.0"},
+        kv_caches=[object()],
+        parallel_config=types.SimpleNamespace(data_parallel_size=1),
+    )
     proc = type("Processor", (), processor)()
-    proc.__dict__.update(block_size=BLOCK, interleaved_sliding_window=True, sliding_window=WINDOW,
-                         prefill_use_fusedsdpa=True, use_window_sdpa=False, slice_size=1024, slice_thld=8192)
+    proc.__dict__.update(
+        block_size=BLOCK,
+        interleaved_sliding_window=True,
+        sliding_window=WINDOW,
+        prefill_use_fusedsdpa=True,
+        use_window_sdpa=False,
+        slice_size=1024,
+        slice_thld=8192,
+    )
     return ns, runner, proc, type("Adapter", (), adapter)
 
 
 def _set_forward_context(attn_metadata, vllm_config, **kwargs):
     """Stand-in for vLLM's set_forward_context (which needs a whole VllmConfig): installs the metadata."""
     from vllm.forward_context import ForwardContext, override_forward_context
-    return override_forward_context(ForwardContext(no_compile_layers={}, attn_metadata=attn_metadata,
-                                                   slot_mapping={}))
+
+    return override_forward_context(ForwardContext(no_compile_layers={}, attn_metadata=attn_metadata, slot_mapping={}))
 
 
 def adapter_forward(adapter_cls, proc, model, input_ids, positions, meta, dtype, rope=None):
     """HpuModelAdapter.forward (the patched file's) on an adapter holding the real metadata
     processor; `model` stands in for the model wrapper it calls (Gemma4ForConditionalGeneration)."""
     adapter = adapter_cls()
-    adapter.__dict__.update(metadata_processor=proc, pooling_model=False, flatten_input=True, dtype=dtype,
-                            model=model, recompute_cos_sin=False, vllm_config=None, dummy_num_input_tokens=None,
-                            dummy_num_tokens_across_dp_cpu=None, _rotary_embed_module=rope,
-                            _rotary_prepare_cos_sin=rope.prepare_cos_sin if rope is not None else None)
+    adapter.__dict__.update(
+        metadata_processor=proc,
+        pooling_model=False,
+        flatten_input=True,
+        dtype=dtype,
+        model=model,
+        recompute_cos_sin=False,
+        vllm_config=None,
+        dummy_num_input_tokens=None,
+        dummy_num_tokens_across_dp_cpu=None,
+        _rotary_embed_module=rope,
+        _rotary_prepare_cos_sin=rope.prepare_cos_sin if rope is not None else None,
+    )
     return adapter.forward(input_ids=input_ids, positions=positions, attn_metadata=meta)
 
 
@@ -244,34 +347,76 @@ def _decode_attention(src, fixes, contiguous_pa):
 
     import torch
     from vllm.v1.attention.backend import AttentionType
+
     config = _config(contiguous_pa)
-    ns = {"torch": torch, "math": math, "get_config": lambda: config, "Optional": typing.Optional,
-          "Any": typing.Any}
-    ns.update(h.defs_from_file(src, "vllm_gaudi/extension/utils.py", (),
-                               ["get_kv_fetch_extra_args", "Matmul", "B2BMatmul", "VLLMKVCache"], ns))
-    ops = types.SimpleNamespace(**h.defs_from_file(
-        src, "vllm_gaudi/extension/ops.py", (), ["grouped_max", "b2b_impl", "batch2block", "block2batch",
-                                                 "matmul_shape", "pipelined_pa", "flat_pa"], ns))
-    paged = h.defs_from_file(src, "vllm_gaudi/attention/ops/hpu_paged_attn.py", (), ["HPUPagedAttention"],
-                             dict(ns, ops=ops, cache_ops=None, AttentionMetadataBuilder=object))
-    impl_ns = dict(ns, ops=ops, AttentionType=AttentionType, AttentionLayer=typing.Any, HPUAttentionMetadata=typing.Any,
-                   **paged, **h.defs_from_file(src, ATTN_IMPL, fixes, ["_set_fetch_by_id"], ns))
-    methods = h.defs_from_file(src, ATTN_IMPL, fixes, ["forward", "common_attention_args"], impl_ns,
-                               cls="HPUAttentionImpl")
+    ns = {"torch": torch, "math": math, "get_config": lambda: config, "Optional": typing.Optional, "Any": typing.Any}
+    ns.update(
+        h.defs_from_file(
+            src,
+            "vllm_gaudi/extension/utils.py",
+            (),
+            ["get_kv_fetch_extra_args", "Matmul", "B2BMatmul", "VLLMKVCache"],
+            ns,
+        )
+    )
+    ops = types.SimpleNamespace(
+        **h.defs_from_file(
+            src,
+            "vllm_gaudi/extension/ops.py",
+            (),
+            ["grouped_max", "b2b_impl", "batch2block", "block2batch", "matmul_shape", "pipelined_pa", "flat_pa"],
+            ns,
+        )
+    )
+    paged = h.defs_from_file(
+        src,
+        "vllm_gaudi/attention/ops/hpu_paged_attn.py",
+        (),
+        ["HPUPagedAttention"],
+        dict(ns, ops=ops, cache_ops=None, AttentionMetadataBuilder=object),
+    )
+    impl_ns = dict(
+        ns,
+        ops=ops,
+        AttentionType=AttentionType,
+        AttentionLayer=typing.Any,
+        HPUAttentionMetadata=typing.Any,
+        **paged,
+        **h.defs_from_file(src, ATTN_IMPL, fixes, ["_set_fetch_by_id"], ns),
+    )
+    methods = h.defs_from_file(
+        src, ATTN_IMPL, fixes, ["forward", "common_attention_args"], impl_ns, cls="HPUAttentionImpl"
+    )
 
     def attend(meta, q, k_cache, v_cache, sliding, scale):
         rows, heads, dim = q.shape
         impl = type("Impl", (), methods)()
         impl.__dict__.update(
-            attn_type=AttentionType.DECODER, use_merged_prefill=False, num_heads=heads, num_kv_heads=k_cache.shape[1],
-            head_size=dim, kv_sharing_target_layer_name="shared", sliding_window=WINDOW if sliding else None,
-            is_chunked_attention=False, alibi_slopes=None, prev_attn=None, scale=scale,
-            k_cache=ns["VLLMKVCache"](), v_cache=ns["VLLMKVCache"](is_v_cache=True), matmul_qk=ns["Matmul"](),
-            matmul_av=ns["Matmul"](), batch2block_matmul=ns["B2BMatmul"](), block2batch_matmul=ns["B2BMatmul"](),
-            fused_scaled_dot_product_attention=None, softmax=None, sinks=None)
+            attn_type=AttentionType.DECODER,
+            use_merged_prefill=False,
+            num_heads=heads,
+            num_kv_heads=k_cache.shape[1],
+            head_size=dim,
+            kv_sharing_target_layer_name="shared",
+            sliding_window=WINDOW if sliding else None,
+            is_chunked_attention=False,
+            alibi_slopes=None,
+            prev_attn=None,
+            scale=scale,
+            k_cache=ns["VLLMKVCache"](),
+            v_cache=ns["VLLMKVCache"](is_v_cache=True),
+            matmul_qk=ns["Matmul"](),
+            matmul_av=ns["Matmul"](),
+            batch2block_matmul=ns["B2BMatmul"](),
+            block2batch_matmul=ns["B2BMatmul"](),
+            fused_scaled_dot_product_attention=None,
+            softmax=None,
+            sinks=None,
+        )
         zeros = torch.zeros(rows, k_cache.shape[1] * dim, dtype=q.dtype)  # a KV-shared layer writes no K/V
         out = impl.forward(None, q.reshape(rows, heads * dim), zeros, zeros, (k_cache, v_cache, None, None), meta)
         return out.view(rows, heads, dim)
+
     return attend
 
 
@@ -279,13 +424,14 @@ def _prompt_attention(meta, q, k_cache, v_cache, sliding, scale):
     """STAND-IN for the prompt branch (FusedSDPA, an HPU kernel): each token attends causally
     over the batch's own slots, within WINDOW on a sliding layer."""
     import torch
+
     group = q.shape[1] // k_cache.shape[1]
     out = torch.zeros_like(q)
     batch, seq = meta.slot_mapping.shape
     for t in range(batch * seq):
         b, s = divmod(t, seq)
         if s < int(meta.seq_lens_tensor[b]):
-            keys = meta.slot_mapping[b, (max(0, s - WINDOW + 1) if sliding else 0):s + 1].long()
+            keys = meta.slot_mapping[b, (max(0, s - WINDOW + 1) if sliding else 0) : s + 1].long()
             k = k_cache[keys].repeat_interleave(group, dim=1)
             v = v_cache[keys].repeat_interleave(group, dim=1)
             weights = torch.softmax(torch.einsum("hd,nhd->hn", q[t], k) * scale, -1)
@@ -296,6 +442,7 @@ def _prompt_attention(meta, q, k_cache, v_cache, sliding, scale):
 def _attention(decode):
     def attend(meta, q, k_cache, v_cache, sliding, scale=1.0):
         return (_prompt_attention if meta.is_prompt else decode)(meta, q, k_cache, v_cache, sliding, scale)
+
     return attend
 
 
@@ -364,9 +511,14 @@ def _prompt_batch(ns, lens, context_lens=None, seed=1, num_blocks=NUM_BLOCKS, bl
     for i, (n, ctx) in enumerate(zip(lens, context_lens or [0] * len(lens))):
         all_blocks.append(list(blocks[i]) if blocks else [free.pop() for _ in range(-(-(ctx + n) // BLOCK))])
         token_ids.append([rnd.randrange(50) for _ in range(n)])
-    return ns["BatchContents"](req_ids=[f"r{i}" for i in range(len(lens))], token_ids=token_ids,
-                               context_lens=list(context_lens or [0] * len(lens)), prompt_lens=list(lens),
-                               blocks=all_blocks, logits_positions=[[n - 1] for n in lens])
+    return ns["BatchContents"](
+        req_ids=[f"r{i}" for i in range(len(lens))],
+        token_ids=token_ids,
+        context_lens=list(context_lens or [0] * len(lens)),
+        prompt_lens=list(lens),
+        blocks=all_blocks,
+        logits_positions=[[n - 1] for n in lens],
+    )
 
 
 def _run(src, fixes, lens, contiguous_pa=True, context_lens=None, num_blocks=NUM_BLOCKS):
@@ -383,7 +535,7 @@ def _run(src, fixes, lens, contiguous_pa=True, context_lens=None, num_blocks=NUM
         # a fresh batch for each forward, as each step builds one (processing edits it in place)
         batch = runner._form_prefill_batch(_prompt_batch(ns, lens, context_lens, num_blocks=num_blocks))
         meta = ns["trim_attn_metadata"](batch.attn_metadata[0])
-        input_ids = batch.token_ids[0].long()    # [batch, seq], as the runner passes them
+        input_ids = batch.token_ids[0].long()  # [batch, seq], as the runner passes them
         positions = batch.position_ids[0].long()
         logits = batch.logits_indices[0].long()
         cache = {"k": torch.zeros((num_blocks + 1) * BLOCK, 1, DIM, dtype=torch.float64)}
@@ -399,6 +551,7 @@ def _run(src, fixes, lens, contiguous_pa=True, context_lens=None, num_blocks=NUM
                 return model.fast_prefill_forward(input_ids, positions)
             x, per_layer = first(input_ids, positions.reshape(-1))  # every token through every layer
             return second(positions.reshape(-1), x, per_layer)
+
         outputs.append(adapter_forward(adapter_cls, proc, wrapper, input_ids, positions, meta, torch.float64))
     return outputs[0], outputs[1], logits, seen[1]
 
@@ -407,6 +560,7 @@ def _run(src, fixes, lens, contiguous_pa=True, context_lens=None, num_blocks=NUM
 @pytest.mark.parametrize("lens", [[7], [7, 3, 10], [1, 13, 6, 4, 9]], ids=["one", "three", "five"])
 def test_fast_prefill_rows_equal_the_full_model(src, lens, contiguous_pa):
     import torch
+
     full, fast, logits, meta = _run(src, h.gaudi_fixes(), lens, contiguous_pa)
     assert meta.fast_prefill_metadata is not None and not meta.fast_prefill_metadata.is_prompt
     torch.testing.assert_close(fast[logits], full[logits], rtol=1e-12, atol=1e-12)
@@ -420,6 +574,7 @@ def test_fast_prefill_rows_on_high_block_ids(src):
     """Prompts on blocks anywhere in a 4096-block cache under contiguous PA: the rows read their
     blocks by id (a contiguous-PA fetch would read blocks 0..n-1)."""
     import torch
+
     full, fast, logits, _ = _run(src, h.gaudi_fixes(), [7, 13, 5], True, num_blocks=4096)
     torch.testing.assert_close(fast[logits], full[logits], rtol=1e-12, atol=1e-12)
 
@@ -428,6 +583,7 @@ def test_the_sliding_window_is_the_prompt_window(src):
     """A prompt longer than the window, not block-aligned: the first block of its
     window starts before the window; the head mask keeps those slots out."""
     import torch
+
     full, fast, logits, meta = _run(src, h.gaudi_fixes(), [WINDOW + BLOCK + 3])
     head = meta.fast_prefill_metadata.window_block_head
     assert head is not None and int(head[0]) == (BLOCK + 3) % BLOCK
@@ -438,6 +594,7 @@ def test_cached_context_takes_the_full_path(src):
     """A prompt with cached context (one: the processor's prompt path with context handles one
     prompt per batch, the recipe's cap) gets no plan."""
     import torch
+
     full, fast, logits, meta = _run(src, h.gaudi_fixes(), [6], context_lens=[8])
     assert meta.fast_prefill_metadata is None
     torch.testing.assert_close(fast, full, rtol=0, atol=0)
@@ -461,12 +618,20 @@ def _plan_shapes(src, fixes, placements, lens):
     (the recipe's --no-enable-prefix-caching), power-of-two block buckets."""
     import torch
     from vllm.forward_context import get_forward_context
+
     ns, runner, proc, adapter_cls = _runner(src, fixes, True, 4096, block_bucket=_pow2)
     batch = runner._form_prefill_batch(_prompt_batch(ns, lens, num_blocks=4096, blocks=placements))
     meta = ns["trim_attn_metadata"](batch.attn_metadata[0])
     seen = []
-    adapter_forward(adapter_cls, proc, lambda **kw: seen.append(get_forward_context().attn_metadata),
-                    batch.token_ids[0].long(), batch.position_ids[0].long(), meta, torch.float64)
+    adapter_forward(
+        adapter_cls,
+        proc,
+        lambda **kw: seen.append(get_forward_context().attn_metadata),
+        batch.token_ids[0].long(),
+        batch.position_ids[0].long(),
+        meta,
+        torch.float64,
+    )
     plan = seen[0].fast_prefill_metadata
     shapes = {f: tuple(getattr(plan, f).shape) for f in plan._fields if torch.is_tensor(getattr(plan, f))}
     for f in ("fast_prefill_gather", "fast_prefill_scatter"):
@@ -483,8 +648,9 @@ def test_plan_shapes_do_not_depend_on_where_the_blocks_are(src, caplog):
     warm_up = _plan_shapes(src, h.gaudi_fixes(), [[0, 0]], [7])
     assert warm_up["block_list"] == (2,) and warm_up["window_block_list"] == (2,)
     # the debug line a Gaudi run reads the same shapes from (see fix.json "gaudi_checks")
-    assert caplog.messages[-1] == ("fast prefill plan for prompt bucket (1, 8): 1 rows, block_list 2, "
-                                   "window_block_list 2")
+    assert caplog.messages[-1] == (
+        "fast prefill plan for prompt bucket (1, 8): 1 rows, block_list 2, window_block_list 2"
+    )
     for blocks in ([8, 9], [300, 301], [2000, 2001], [4095, 17]):
         assert _plan_shapes(src, h.gaudi_fixes(), [blocks], [7]) == warm_up, f"prompt on blocks {blocks}"
     # a batch of 3 prompts in bucket (3, 16): a function of the bucket only
@@ -513,8 +679,9 @@ class _HpuLikeAttention:
                 meta = get_forward_context().attn_metadata
                 q = q.view(-1, heads, dim)
                 shape = ((NUM_BLOCKS + 1) * BLOCK, kv_heads, dim)
-                k_cache, v_cache = cache.setdefault(target, (torch.zeros(shape, dtype=q.dtype),
-                                                             torch.zeros(shape, dtype=q.dtype)))
+                k_cache, v_cache = cache.setdefault(
+                    target, (torch.zeros(shape, dtype=q.dtype), torch.zeros(shape, dtype=q.dtype))
+                )
                 if meta.is_prompt and k is not None and attn.kv_sharing_target_layer_name is None:
                     slots = meta.slot_mapping.reshape(-1).long()
                     ok = slots >= 0
@@ -564,20 +731,25 @@ def real_gemma4(src):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     from testkit import tiny_model
 
-    cfg = VllmConfig(model_config=ModelConfig(model=str(tiny_model.ensure()), dtype="float32", max_model_len=256,
-                                              enforce_eager=True),
-                     cache_config=CacheConfig(kv_sharing_fast_prefill=True))
+    cfg = VllmConfig(
+        model_config=ModelConfig(
+            model=str(tiny_model.ensure()), dtype="float32", max_model_len=256, enforce_eager=True
+        ),
+        cache_config=CacheConfig(kv_sharing_fast_prefill=True),
+    )
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     saved_run_layers = upstream._run_decoder_layers
     with set_current_vllm_config(cfg):
-        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                     distributed_init_method=f"tcp://127.0.0.1:{port}")
+        init_distributed_environment(
+            world_size=1, rank=0, local_rank=0, backend="gloo", distributed_init_method=f"tcp://127.0.0.1:{port}"
+        )
         initialize_model_parallel(1, 1)
         model = upstream.Gemma4Model(vllm_config=cfg, prefix="model")
         _gemma4_module(src, h.gaudi_fixes(), "hpu_gemma4_real_layers")._apply_hpu_gemma4_patches(
-            types.SimpleNamespace(model=model))
+            types.SimpleNamespace(model=model)
+        )
         gen = torch.Generator().manual_seed(0)
         for name, param in model.named_parameters():
             noise = torch.randn(param.shape, generator=gen) * 0.2
@@ -609,6 +781,7 @@ def test_real_gemma4_layers_sample_the_same_rows(src, real_gemma4, lens):
 
     def wrapper(input_ids, positions, **kwargs):  # STAND-IN for the model wrapper's forward
         return model(input_ids, positions, None)
+
     outputs = {}
     with set_current_vllm_config(cfg), torch.no_grad():
         for fast in (False, True):
@@ -621,8 +794,9 @@ def test_real_gemma4_layers_sample_the_same_rows(src, real_gemma4, lens):
             logits = batch.logits_indices[0].long()
             cache.clear()
             model.fast_prefill_enabled = fast
-            outputs[fast] = adapter_forward(adapter_cls, proc, wrapper, input_ids, positions, meta, torch.float32,
-                                            rope=first_rope)
+            outputs[fast] = adapter_forward(
+                adapter_cls, proc, wrapper, input_ids, positions, meta, torch.float32, rope=first_rope
+            )
     model.fast_prefill_enabled = True
     torch.testing.assert_close(outputs[True][logits], outputs[False][logits], rtol=1e-4, atol=1e-5)
     assert outputs[False][logits].abs().max() > 0.1  # not a trivially small output

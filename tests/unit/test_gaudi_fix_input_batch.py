@@ -4,6 +4,7 @@ Everything runs vllm-gaudi's own code from the checkout (VLLM_GAUDI_SRC, vllm 0.
 the real InputBatch on CPU, and the runner's real step (tests/gaudi_runner.py) where the
 symptom shows in the runner, upstream (the bug reproduces) and with the pack's fixes.
 """
+
 import os
 import sys
 
@@ -32,8 +33,8 @@ def test_sampling_rows_to_copy(src):
 def test_bad_words_by_row(src):
     (by_row,) = h.defs(src, PATH, BATCH_FIXES, ["bad_words_by_row"])
     persistent = {1: [[7]], 3: [[4, 5]]}
-    assert by_row(persistent, [1]) == {0: [[7]]}             # a one-request prefill of row 1
-    assert by_row(persistent, [0, 2]) == {}                   # nobody in this call has bad words
+    assert by_row(persistent, [1]) == {0: [[7]]}  # a one-request prefill of row 1
+    assert by_row(persistent, [0, 2]) == {}  # nobody in this call has bad words
     assert by_row(persistent, [3, 0, 1]) == {0: [[4, 5]], 2: [[7]]}
     assert by_row(persistent, [1, 1]) == {0: [[7]], 1: [[7]]}  # padding repeats a request
 
@@ -45,11 +46,14 @@ def _reorder_without_batch_change(fixes):
     P_b decodes, so _ensure_decodes_first swaps them, again without a batch change. Returns the
     SamplingMetadata the sampler got for P_b's decode in step 3."""
     from vllm.sampling_params import SamplingParams
+
     eng = gr.Engine(h.gaudi_src_or_skip(), fixes, gr.logits_table({}))
-    eng.step(new={"Pa": (list(range(1, 13)), SamplingParams(temperature=0.5, top_k=3, top_p=0.5,
-                                                              repetition_penalty=1.2), 4),
-                  "Pb": (list(range(13, 21)), SamplingParams(temperature=1.5, top_k=7, top_p=0.9,
-                                                               repetition_penalty=1.2), 4)})
+    eng.step(
+        new={
+            "Pa": (list(range(1, 13)), SamplingParams(temperature=0.5, top_k=3, top_p=0.5, repetition_penalty=1.2), 4),
+            "Pb": (list(range(13, 21)), SamplingParams(temperature=1.5, top_k=7, top_p=0.9, repetition_penalty=1.2), 4),
+        }
+    )
     eng.step({"Pa": 4, "Pb": 4})
     eng.step({"Pa": 4, "Pb": 1})
     assert eng.runner.input_batch.req_ids[:2] == ["Pb", "Pa"], "step 3 should have swapped the rows"
@@ -77,6 +81,7 @@ def test_fixed_samples_a_swapped_row_with_its_own_parameters(src):
 def _bad_words_prefill(fixes):
     """A decodes in row 0; B (bad words: 5 after 4, and 9) is a prefill sampled alone."""
     from vllm.sampling_params import SamplingParams
+
     eng = gr.Engine(h.gaudi_src_or_skip(), fixes, gr.logits_table({"A": {3: 5.0}, "B": {9: 5.0, 2: 1.0}}))
     eng.step(new={"A": ([1, 2], SamplingParams(temperature=0.0), 2)})
     params = SamplingParams(temperature=0.0)
@@ -98,6 +103,7 @@ def test_fixed_bad_words_real_input_batch(src, fixes):
     """The same on the InputBatch alone, bad-words-index with and without the fix before it."""
     import torch
     from vllm.v1.sample.ops.bad_words import apply_bad_words
+
     # alone, its hunks land at an offset (their line numbers count the earlier fix)
     mod = h.load_input_batch(src, fixes, exact=len(fixes) > 1)
     b = h.make_batch(mod)

@@ -13,10 +13,9 @@ All of it runs vllm-gaudi's own code from the checkout (VLLM_GAUDI_SRC + vllm 0.
 the real InputBatch on CPU with vLLM's real built-in processors and Sampler, and the
 runner's real step (tests/gaudi_runner.py) for the call sites.
 """
+
 import os
 import sys
-
-import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import gaudi_fixes_helpers as h  # noqa: E402
@@ -31,10 +30,10 @@ VOCAB = 32
 # ------------------------------------------------------------------ the function the fix adds
 def test_first_row_of_each_index(src):
     (first,) = h.defs(src, BATCH, FIXED, ["first_row_of_each_index"])
-    assert first([1]) == ([0], [1])                       # a prefill of persistent row 1, sampled alone
+    assert first([1]) == ([0], [1])  # a prefill of persistent row 1, sampled alone
     assert first([0, 1, 2]) == ([0, 1, 2], [0, 1, 2])
     assert first([2, 0]) == ([0, 1], [2, 0])
-    assert first([3, 1, 3, 3]) == ([0, 1], [3, 1])        # padding repeats the first request
+    assert first([3, 1, 3, 3]) == ([0, 1], [3, 1])  # padding repeats the first request
     assert first([]) == ([], [])
 
 
@@ -45,6 +44,7 @@ def _engine(fixes, table):
 
 def _greedy(**kw):
     from vllm.sampling_params import SamplingParams
+
     return SamplingParams(temperature=0.0, **kw)
 
 
@@ -107,13 +107,16 @@ def _step(b):
 
 def _sample(b, req_ids, logits):
     from vllm.v1.sample.sampler import Sampler
-    meta = b.make_selective_sampling_metadata([(r, b.req_output_token_ids[b.req_id_to_index[r]]) for r in req_ids],
-                                              skip_copy=False)
+
+    meta = b.make_selective_sampling_metadata(
+        [(r, b.req_output_token_ids[b.req_id_to_index[r]]) for r in req_ids], skip_copy=False
+    )
     return Sampler()(logits.clone(), meta).sampled_token_ids.flatten().tolist()
 
 
 def _logits(rows, best):
     import torch
+
     logits = torch.zeros(rows, VOCAB)
     for row, token in enumerate(best):
         logits[row, token] = 10.0
@@ -136,20 +139,21 @@ def test_upstream_ignores_logit_bias(src):
 
 def test_fixed_logit_bias_on_own_row(src):
     alone, both = _bias_case(h.load_input_batch(src, FIXED))
-    assert alone == [5]       # selective batch: B is row 0 here, persistent row 1
-    assert both == [9, 5]     # A untouched
+    assert alone == [5]  # selective batch: B is row 0 here, persistent row 1
+    assert both == [9, 5]  # A untouched
 
 
 def _min_p_case(mod):
     """B (min_p 0.5) sampled alone as row 0: tokens below half the top probability are cut."""
     import torch
+
     a = h.make_request(mod, "A", [1, 2], output=[3], temperature=1.0)
     b_req = h.make_request(mod, "B", [4], temperature=1.0, min_p=0.5)
     b = _batch(mod, a, b_req)
     _step(b)
     meta = b.make_selective_sampling_metadata([("B", [])], skip_copy=False)
     logits = torch.full((1, VOCAB), -5.0)
-    logits[0, 3], logits[0, 4], logits[0, 8] = 2.0, 1.9, 1.0   # 8 is < 0.5 * p(3)
+    logits[0, 3], logits[0, 4], logits[0, 8] = 2.0, 1.9, 1.0  # 8 is < 0.5 * p(3)
     for proc in meta.logitsprocs.argmax_invariant:
         logits = proc.apply(logits)
     return [t for t in range(VOCAB) if logits[0, t] != float("-inf")]
@@ -195,10 +199,13 @@ def test_fixed_min_tokens_off_without_output_tokens(src):
 
 def test_fixed_rows_follow_swap_and_condense(src):
     import torch
+
     mod = h.load_input_batch(src, FIXED)
-    reqs = [h.make_request(mod, "A", [1], temperature=0.0),
-            h.make_request(mod, "B", [1], temperature=0.0, logit_bias={5: 100.0}),
-            h.make_request(mod, "C", [1], temperature=0.0, logit_bias={6: 100.0})]
+    reqs = [
+        h.make_request(mod, "A", [1], temperature=0.0),
+        h.make_request(mod, "B", [1], temperature=0.0, logit_bias={5: 100.0}),
+        h.make_request(mod, "C", [1], temperature=0.0, logit_bias={6: 100.0}),
+    ]
     b = _batch(mod, *reqs)
     _step(b)
     assert _sample(b, ["A", "B", "C"], _logits(3, [9, 9, 9])) == [9, 5, 6]

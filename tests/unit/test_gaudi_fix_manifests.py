@@ -2,6 +2,7 @@
 first checks for a Gaudi 2 run, and a hunk-coverage figure that counts the hunks the diff has
 now (a diff changed since the figure was recorded fails here until `make check-fixes
 COVERAGE=1 RECORD=1` is run again). No checkout needed: this runs in plain CI."""
+
 import json
 import os
 import re
@@ -41,8 +42,15 @@ def test_manifest_coverage_counts_the_current_hunks(name):
     assert fix.get("gaudi_checks"), f"{name}: no gaudi_checks (what a Gaudi 2 run must show first)"
 
 
-@pytest.mark.parametrize("field,value", [("tests", "tests/unit/x.py"), ("tests", [""]), ("gaudi_checks", [3]),
-                                          ("hunks_gaudi_only", [{"match": "x", "why": "y"}])])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("tests", "tests/unit/x.py"),
+        ("tests", [""]),
+        ("gaudi_checks", [3]),
+        ("hunks_gaudi_only", [{"match": "x", "why": "y"}]),
+    ],
+)
 def test_a_malformed_optional_field_is_refused(tmp_path, field, value):
     applier = h.load_applier()
     pack = tmp_path / "patches"

@@ -15,6 +15,7 @@ Everything runs vllm-gaudi's own code from the checkout (VLLM_GAUDI_SRC + vllm 0
 patches.py executed as a module with the pack's fixes, its real apply() plugin hook, and the
 runner's real step (tests/gaudi_runner.py).
 """
+
 import os
 import sys
 
@@ -42,23 +43,28 @@ class _CatRecorder:
 
     def __init__(self):
         from torch.utils._python_dispatch import TorchDispatchMode
+
         calls = self.calls = []
 
         class Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 import torch
+
                 if func.overloadpacket == torch.ops.aten.cat:
                     calls.append([t.dtype for t in args[0]])
                 return func(*args, **(kwargs or {}))
+
         self.mode = Mode()
 
     def integer_cats(self):
         import torch
+
         return [dtypes for dtypes in self.calls if not dtypes[0].is_floating_point and dtypes[0] != torch.bool]
 
 
 def _logprobs_case():
     import torch
+
     torch.manual_seed(0)
     logprobs = torch.randn(5, 50).log_softmax(-1)
     return logprobs, torch.tensor([3, 49, 0, 17, 17], dtype=torch.int64)
@@ -74,6 +80,7 @@ def _gathered_by(fn, *args):
 def _assert_same_as_vllm(out, logprobs, sampled, num):
     import torch
     from vllm.v1.sample.sampler import Sampler
+
     ref = Sampler.gather_logprobs(logprobs, num, sampled)
     assert out.logprob_token_ids.dtype == torch.int32
     assert torch.equal(out.logprob_token_ids, ref.logprob_token_ids)
@@ -92,8 +99,15 @@ def _sampler_gather(src, fixes):
 def _prompt_gather(src, fixes):
     import torch
     from vllm.v1.outputs import LogprobsTensors
-    method = h.defs_from_file(src, RUNNER, fixes, ["_gather_prompt_logprobs_hpu"],
-                              {"torch": torch, "LogprobsTensors": LogprobsTensors}, cls="HPUModelRunner")
+
+    method = h.defs_from_file(
+        src,
+        RUNNER,
+        fixes,
+        ["_gather_prompt_logprobs_hpu"],
+        {"torch": torch, "LogprobsTensors": LogprobsTensors},
+        cls="HPUModelRunner",
+    )
     logprobs, targets = _logprobs_case()
     out, cats = _gathered_by(method["_gather_prompt_logprobs_hpu"], None, logprobs, 4, targets)
     _assert_same_as_vllm(out, logprobs, targets, 4)
@@ -112,14 +126,20 @@ def test_fixed_concatenates_the_ids_in_int32(src, gather):
 
 def h_torch():
     import torch
+
     return torch
 
 
 def test_fixed_logprobs_through_the_runner(src):
     """top_logprobs of a sampled token come back with the right ids (vocab ids beyond 2**16 too)."""
     from vllm.sampling_params import SamplingParams
-    eng = gr.Engine(src, h.gaudi_fixes(), gr.logits_table({"A": {70000: 9.0, 70001: 8.0, 5: 7.0}},
-                                                          vocab_size=70010), vocab_size=70010)
+
+    eng = gr.Engine(
+        src,
+        h.gaudi_fixes(),
+        gr.logits_table({"A": {70000: 9.0, 70001: 8.0, 5: 7.0}}, vocab_size=70010),
+        vocab_size=70010,
+    )
     assert eng.step(new={"A": ([1, 2], SamplingParams(temperature=0.0, logprobs=2), 2)}) == {"A": [70000]}
     out = eng.last_output
     assert out.logprobs.logprob_token_ids[out.req_id_to_index["A"]].tolist() == [70000, 70000, 70001]
@@ -129,15 +149,16 @@ def test_fixed_logprobs_through_the_runner(src):
 def test_seeded_uniform_is_splitmix64(patches):
     # SplitMix64 seeded with 0 first outputs 0xE220A8397B1DCDAF (Steele, Lea, Flood 2014; Vigna's
     # splitmix64.c; Java's SplittableRandom): the top 24 bits, plus one, over 2**24
-    assert patches.seeded_uniform(0, 0) == ((0xE220A8397B1DCDAF >> 40) + 1) / 2 ** 24
-    draws = [patches.seeded_uniform(seed, k) for seed in (0, 1, -1, 2 ** 63) for k in range(200)]
-    assert all(0 < u <= 1 and (u * 2 ** 24).is_integer() for u in draws)
+    assert patches.seeded_uniform(0, 0) == ((0xE220A8397B1DCDAF >> 40) + 1) / 2**24
+    draws = [patches.seeded_uniform(seed, k) for seed in (0, 1, -1, 2**63) for k in range(200)]
+    assert all(0 < u <= 1 and (u * 2**24).is_integer() for u in draws)
     assert len(set(draws)) == len(draws)  # no repeats across seeds and draws
     assert abs(sum(draws) / len(draws) - 0.5) < 0.03
 
 
 def _probs(rows, vocab, seed, top_k=None):
     import torch
+
     gen = torch.Generator().manual_seed(seed)
     logits = torch.randn(rows, vocab, generator=gen) * 3
     if top_k:
@@ -153,23 +174,25 @@ def test_inverse_cdf_sample_takes_the_interval_holding_the_uniform(patches, voca
     uniforms across (0, 1] and both ends. The target is taken in float32, so it is u x total to
     within 2**-23 of the total (vLLM's float32 exponential noise has the same resolution)."""
     import torch
+
     probs = _probs(6, vocab, seed=vocab)
     weights = probs.mul(float(1 << 30)).to(torch.int32).to(torch.int64)
     cdf, total = weights.cumsum(-1), weights.sum(-1, keepdim=True)
-    for uniforms in ([2 ** -24] * 6, [1.0] * 6, [0.5, 0.25, 0.999, 0.001, 0.7, 0.3]):
+    for uniforms in ([2**-24] * 6, [1.0] * 6, [0.5, 0.25, 0.999, 0.001, 0.7, 0.3]):
         u = torch.tensor(uniforms)
         target = torch.minimum((u.unsqueeze(-1) * total.float()).ceil().long(), total)
-        assert ((target - u.double().unsqueeze(-1) * total).abs() <= total * 2 ** -23 + 1).all()
+        assert ((target - u.double().unsqueeze(-1) * total).abs() <= total * 2**-23 + 1).all()
         expected = torch.searchsorted(cdf, target).squeeze(-1)
         assert torch.equal(patches.inverse_cdf_sample(probs.clone(), u), expected)
 
 
 def test_inverse_cdf_sample_never_takes_a_token_of_probability_zero(patches):
     import torch
+
     probs = _probs(4, 4096, seed=1, top_k=5)
     allowed = [set(torch.nonzero(row).flatten().tolist()) for row in probs]
     for k in range(2000):
-        u = torch.tensor([(k + 1) / 2000, (k * 7919 % 2000 + 1) / 2000, 2 ** -24, 1.0])
+        u = torch.tensor([(k + 1) / 2000, (k * 7919 % 2000 + 1) / 2000, 2**-24, 1.0])
         for row, token in enumerate(patches.inverse_cdf_sample(probs, u).tolist()):
             assert token in allowed[row]
 
@@ -177,6 +200,7 @@ def test_inverse_cdf_sample_never_takes_a_token_of_probability_zero(patches):
 def test_inverse_cdf_sample_follows_the_probabilities(patches):
     """Evenly spaced uniforms give each token a share equal to its probability (to 1/N)."""
     import torch
+
     probs = torch.tensor([[0.5, 0.0, 0.25, 0.125, 0.0625, 0.0625]])
     n = 4096
     tokens = [patches.inverse_cdf_sample(probs, torch.tensor([(k + 1) / n]))[0].item() for k in range(n)]
@@ -192,6 +216,7 @@ def test_random_sample_seeded_rows_do_not_depend_on_their_neighbours(patches):
     """The same seed gives the same tokens alone, next to other rows, and repeated as padding
     (one draw per call, however many rows repeat it)."""
     import torch
+
     probs = _probs(3, 4096, seed=5)
     alone, crowded = _seeded(patches, 42), _seeded(patches, 42)
     other = _seeded(patches, 7)
@@ -213,6 +238,7 @@ def test_random_sample_unseeded_rows_are_vllms(patches):
     generators), sample exactly what vLLM's random_sample samples."""
     import torch
     from vllm.v1.sample.ops.topk_topp_sampler import random_sample
+
     probs = _probs(4, 512, seed=9)
 
     def run(fn, with_draws):
@@ -221,6 +247,7 @@ def test_random_sample_unseeded_rows_are_vllms(patches):
         if with_draws:
             gens[3] = _seeded(patches, 5)
         return fn(probs.clone(), gens)
+
     ours, theirs = run(patches._hpu_random_sample, True), run(random_sample, False)
     assert ours[:3].tolist() == theirs[:3].tolist()
 
@@ -236,6 +263,7 @@ def test_the_plugin_hook_installs_the_seeded_sampler(src, patches, monkeypatch):
     import torch
     import vllm.plugins
     import vllm.v1.sample.ops.topk_topp_sampler as tts
+
     monkeypatch.setattr(vllm.plugins, "load_general_plugins", lambda: None)
     monkeypatch.setattr(tts, "random_sample", tts.random_sample)
     ns = dict(vars(patches))
@@ -261,6 +289,7 @@ def _seeded_tokens(fixes, neighbours, steps=4):
     `neighbours` unseeded requests decode beside it, so the decode batch is padded (bucket 4,
     the padding repeats S, the first decode)."""
     from vllm.sampling_params import SamplingParams
+
     eng = gr.Engine(h.gaudi_src_or_skip(), fixes, gr.logits_table({}, VOCAB))
     new = {"S": ([1, 2], SamplingParams(temperature=1.0, seed=1234), 2)}
     new.update({f"N{i}": ([3], SamplingParams(temperature=1.0), 1) for i in range(neighbours)})
@@ -278,14 +307,16 @@ def test_upstream_seeded_tokens_depend_on_the_padding(src):
 
 def test_fixed_seeded_tokens_are_the_seeds_own(src, patches):
     import torch
+
     eng, alone = _seeded_tokens(h.gaudi_fixes(), 0)
     _, padded = _seeded_tokens(h.gaudi_fixes(), 2)
     assert alone == padded
     # no generator object: draw k is inverse_cdf_sample of the flat distribution at seeded_uniform(1234, k)
     assert type(eng.runner.requests["S"].generator).__name__ == "SeededDraws"
     flat = torch.full((1, VOCAB), 1 / VOCAB)
-    assert alone == [patches.inverse_cdf_sample(flat, torch.tensor([patches.seeded_uniform(1234, k)])).item()
-                     for k in range(4)]
+    assert alone == [
+        patches.inverse_cdf_sample(flat, torch.tensor([patches.seeded_uniform(1234, k)])).item() for k in range(4)
+    ]
 
 
 def test_fixed_speculative_decoding_keeps_a_device_generator(src):
@@ -294,15 +325,32 @@ def test_fixed_speculative_decoding_keeps_a_device_generator(src):
     import torch
     from vllm.sampling_params import SamplingParams
     from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+
     fixes = h.gaudi_fixes()
     mod = h.load_input_batch(src, fixes)
     runner = gr.runner_class(src, fixes, mod)(h.make_batch(mod), gr.logits_table({}), VOCAB, speculative=True)
-    new = NewRequestData(req_id="S", prompt_token_ids=[1], mm_features=[], sampling_params=SamplingParams(
-        temperature=1.0, seed=99), pooling_params=None, block_ids=([1],), num_computed_tokens=0, lora_request=None)
-    runner._update_states(SchedulerOutput(
-        scheduled_new_reqs=[new], scheduled_cached_reqs=CachedRequestData.make_empty(),
-        num_scheduled_tokens={"S": 1}, total_num_scheduled_tokens=1, scheduled_spec_decode_tokens={},
-        scheduled_encoder_inputs={}, num_common_prefix_blocks=[0], finished_req_ids=set(),
-        free_encoder_mm_hashes=[]))
+    new = NewRequestData(
+        req_id="S",
+        prompt_token_ids=[1],
+        mm_features=[],
+        sampling_params=SamplingParams(temperature=1.0, seed=99),
+        pooling_params=None,
+        block_ids=([1],),
+        num_computed_tokens=0,
+        lora_request=None,
+    )
+    runner._update_states(
+        SchedulerOutput(
+            scheduled_new_reqs=[new],
+            scheduled_cached_reqs=CachedRequestData.make_empty(),
+            num_scheduled_tokens={"S": 1},
+            total_num_scheduled_tokens=1,
+            scheduled_spec_decode_tokens={},
+            scheduled_encoder_inputs={},
+            num_common_prefix_blocks=[0],
+            finished_req_ids=set(),
+            free_encoder_mm_hashes=[],
+        )
+    )
     generator = runner.requests["S"].generator
     assert isinstance(generator, torch.Generator) and generator.initial_seed() == 99

@@ -14,6 +14,7 @@ Everything runs vllm-gaudi's own code from the checkout (VLLM_GAUDI_SRC + vllm 0
 xgrammar): the runner's real step (tests/gaudi_runner.py), and the real apply_grammar_bitmask
 alone on CPU logits with xgrammar's CPU kernel (what it calls).
 """
+
 import os
 import sys
 import types
@@ -68,6 +69,7 @@ def _grammar(allowed):
     """GrammarOutput for requests {req_id: the one token its grammar allows}, vocab 32."""
     import numpy as np
     from vllm.v1.core.sched.output import GrammarOutput
+
     ids = list(allowed)
     bitmask = np.zeros((len(ids), 1), dtype=np.int32)
     for row, req_id in enumerate(ids):
@@ -81,15 +83,17 @@ def _structured_step(fixes, partial_chunk, allowed):
     Every request asks for 1 logprob. Returns (sampled, the sampler's temperatures by row,
     {req_id: the logprob token ids reported for it})."""
     from vllm.sampling_params import SamplingParams
+
     eng = gr.Engine(h.gaudi_src_or_skip(), fixes, gr.logits_table(LOGITS))
     eng.step(new={"D": ([1, 2], SamplingParams(temperature=0.0, logprobs=1), 2)})
     schedule = {"D": 1}
     if partial_chunk:
         eng.step({"D": 1}, new={"Q": (list(range(1, 13)), SamplingParams(temperature=0.0, logprobs=1), 4)})
         schedule["Q"] = 4
-    sampled = eng.step(schedule, new={"P": ([4, 5], SamplingParams(temperature=0.7, seed=3, logprobs=1), 2)},
-                       grammar=_grammar(allowed))
-    (_, meta), = eng.runner.sampler_calls  # one sampling call for the combined logits
+    sampled = eng.step(
+        schedule, new={"P": ([4, 5], SamplingParams(temperature=0.7, seed=3, logprobs=1), 2)}, grammar=_grammar(allowed)
+    )
+    ((_, meta),) = eng.runner.sampler_calls  # one sampling call for the combined logits
     out = eng.last_output
     logprobs = {r: out.logprobs.logprob_token_ids[out.req_id_to_index[r]].tolist() for r in sampled}
     return sampled, [round(t, 3) for t in meta.temperature.tolist()], logprobs
@@ -136,6 +140,7 @@ def _namespace():
     import numpy as np
     import xgrammar.kernels.apply_token_bitmask_inplace_cpu as xgr_cpu
     from vllm.v1.core.sched.output import GrammarOutput
+
     return {"np": np, "torch": gr.cpu_torch(), "xgr_cpu": xgr_cpu, "GrammarOutput": GrammarOutput}
 
 
@@ -145,6 +150,7 @@ def _apply(src, fixes, req_id_to_index, so_ids, allowed, row_owners):
     import numpy as np
     import torch
     from vllm.v1.core.sched.output import GrammarOutput
+
     ns = _namespace()
     funcs = h.defs_from_file(src, RUNNER, fixes, ["grammar_bitmask_rows"], ns)
     ns.update(funcs)

@@ -1,6 +1,7 @@
 """Kubernetes manifests per target, validated against the Kubernetes API's own schemas (shipped
 offline by the kubernetes-validate package, strict: unknown fields fail), and their readiness
 probe run for real against a local HTTP server."""
+
 import http.server
 import json
 import threading
@@ -50,11 +51,19 @@ def test_the_validator_rejects_what_a_cluster_would():
         kubernetes_validate.validate(deployment, VERSIONS[-1], strict=True)
 
 
-@pytest.mark.parametrize("target, resource, count", [
-    ("gaudi2", "habana.ai/gaudi", 1), ("h100", "nvidia.com/gpu", 1), ("b300", "nvidia.com/gpu", 1),
-    ("mi300x", "amd.com/gpu", 1), ("mi355x", "amd.com/gpu", 1),
-    ("trillium", "google.com/tpu", 1), ("ironwood", "google.com/tpu", 4), ("xeon6", None, 0),
-])
+@pytest.mark.parametrize(
+    "target, resource, count",
+    [
+        ("gaudi2", "habana.ai/gaudi", 1),
+        ("h100", "nvidia.com/gpu", 1),
+        ("b300", "nvidia.com/gpu", 1),
+        ("mi300x", "amd.com/gpu", 1),
+        ("mi355x", "amd.com/gpu", 1),
+        ("trillium", "google.com/tpu", 1),
+        ("ironwood", "google.com/tpu", 4),
+        ("xeon6", None, 0),
+    ],
+)
 def test_device_resource(target, resource, count):
     limits = container(target).get("resources", {}).get("limits", {})
     assert limits == ({resource: count} if resource else {})
@@ -66,11 +75,16 @@ def test_every_target_has_a_device_rule():
         assert accelerator in k8s.DEVICE_RESOURCE and accelerator in k8s.SECURITY
 
 
-@pytest.mark.parametrize("target, size", [
-    ("mi300x", "16Gi"), ("trillium", "16Gi"),          # the recipes' --shm-size 16G
-    ("gaudi2", "16Gi"), ("h100", "16Gi"),              # --ipc=host: sized like the recipes that size it
-    ("xeon6", "1Gi"),                                  # the CPU smoke tier's measured 1g
-])
+@pytest.mark.parametrize(
+    "target, size",
+    [
+        ("mi300x", "16Gi"),
+        ("trillium", "16Gi"),  # the recipes' --shm-size 16G
+        ("gaudi2", "16Gi"),
+        ("h100", "16Gi"),  # --ipc=host: sized like the recipes that size it
+        ("xeon6", "1Gi"),  # the CPU smoke tier's measured 1g
+    ],
+)
 def test_dev_shm_is_memory_sized_as_the_recipe_needs(target, size):
     spec = pod(target)
     shm = next(v for v in spec["volumes"] if v["name"] == "dshm")
@@ -92,7 +106,7 @@ def test_probes(target):
     budget = M.targets[target].startup_budget_s
     assert budget <= startup["periodSeconds"] * startup["failureThreshold"] < budget + startup["periodSeconds"]
     assert c["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
-    assert c["readinessProbe"]["exec"]["command"] == ["gemma4-serve", "--ready"]   # the image's own check
+    assert c["readinessProbe"]["exec"]["command"] == ["gemma4-serve", "--ready"]  # the image's own check
 
 
 class FakeServer(http.server.BaseHTTPRequestHandler):
@@ -122,12 +136,15 @@ def fake_server():
     server.shutdown()
 
 
-@pytest.mark.parametrize("health, models, ready", [
-    (200, ["google/gemma-4-E2B-it"], True),
-    (200, ["google/gemma-4-E2B-it", "other"], True),
-    (200, [], False),                       # up, model not loaded under that name
-    (503, ["google/gemma-4-E2B-it"], False),  # listed, but the engine is unhealthy
-])
+@pytest.mark.parametrize(
+    "health, models, ready",
+    [
+        (200, ["google/gemma-4-E2B-it"], True),
+        (200, ["google/gemma-4-E2B-it", "other"], True),
+        (200, [], False),  # up, model not loaded under that name
+        (503, ["google/gemma-4-E2B-it"], False),  # listed, but the engine is unhealthy
+    ],
+)
 def test_readiness_checks_health_then_the_model(fake_server, tmp_path, monkeypatch, health, models, ready):
     # What the probe runs (gemma4-serve --ready), on the port the entrypoint recorded at start.
     monkeypatch.setattr(FakeServer, "health", health)
@@ -162,8 +179,10 @@ def test_hf_cache_on_a_named_claim_and_token_from_an_optional_secret():
     assert {"name": "hf-cache", "mountPath": k8s.HF_HOME} in c["volumeMounts"]
     env = {e["name"]: e for e in c["env"]}
     assert env["HF_HOME"]["value"] == k8s.HF_HOME
-    assert env["HF_TOKEN"] == {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
-        "name": "hub", "key": "token", "optional": True}}}
+    assert env["HF_TOKEN"] == {
+        "name": "HF_TOKEN",
+        "valueFrom": {"secretKeyRef": {"name": "hub", "key": "token", "optional": True}},
+    }
     no_claim = pod("h100", hf_cache_pvc=None)
     assert next(v for v in no_claim["volumes"] if v["name"] == "hf-cache") == {"name": "hf-cache", "emptyDir": {}}
 
@@ -178,10 +197,23 @@ def test_env_from_targets_yaml_without_the_docker_only_device_setting():
 def test_image_by_digest_when_known(tmp_path):
     digest = "sha256:" + "b" * 64
     assert container("h100")["image"] == M.tag("h100")
-    assert container("h100", image="reg.example/ns/gemma4-e2b:h100-v0.30.0", digest=digest)["image"] \
+    assert (
+        container("h100", image="reg.example/ns/gemma4-e2b:h100-v0.30.0", digest=digest)["image"]
         == f"reg.example/ns/gemma4-e2b:h100-v0.30.0@{digest}"
-    publish.record([{"target": "h100", "repository": "127.0.0.1:5000/ns/gemma4-e2b", "digest": digest,
-                     "tags": [], "image": "x", "image_id": "y"}], tmp_path / publish.PUSHED_FILE)
+    )
+    publish.record(
+        [
+            {
+                "target": "h100",
+                "repository": "127.0.0.1:5000/ns/gemma4-e2b",
+                "digest": digest,
+                "tags": [],
+                "image": "x",
+                "image_id": "y",
+            }
+        ],
+        tmp_path / publish.PUSHED_FILE,
+    )
     ref = publish.pushed_ref("h100", tmp_path)
     assert ref == f"127.0.0.1:5000/ns/gemma4-e2b@{digest}"
     assert container("h100", image=ref)["image"] == ref
@@ -191,9 +223,11 @@ def test_image_by_digest_when_known(tmp_path):
 def test_cpu_runs_as_non_root_without_privileges():
     spec = pod("xeon6")
     assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] == 2000
-    assert spec["containers"][0]["securityContext"] == {"allowPrivilegeEscalation": False,
-                                                        "capabilities": {"drop": ["ALL"]},
-                                                        "readOnlyRootFilesystem": True}
+    assert spec["containers"][0]["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,
+    }
 
 
 @pytest.mark.parametrize("target", ["mi300x", "trillium"])
@@ -208,8 +242,10 @@ def test_cuda_and_gaudi_are_not_privileged():
 
 
 def test_tpu_node_selector():
-    assert pod("trillium")["nodeSelector"] == {"cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice",
-                                               "cloud.google.com/gke-tpu-topology": "1x1"}
+    assert pod("trillium")["nodeSelector"] == {
+        "cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice",
+        "cloud.google.com/gke-tpu-topology": "1x1",
+    }
     assert "nodeSelector" not in pod("h100")
 
 

@@ -1,4 +1,5 @@
 """targets.yaml: the real file loads, and every kind of mistake is named precisely."""
+
 import shlex
 
 import pytest
@@ -7,8 +8,20 @@ import yaml
 from gemma4_images import matrix
 from gemma4_images.matrix import MatrixError
 
-ALL_TARGETS = {"gaudi2", "h100", "h200", "b200", "b300", "mi300x", "mi325x", "mi350x", "mi355x",
-               "xeon6", "trillium", "ironwood"}
+ALL_TARGETS = {
+    "gaudi2",
+    "h100",
+    "h200",
+    "b200",
+    "b300",
+    "mi300x",
+    "mi325x",
+    "mi350x",
+    "mi355x",
+    "xeon6",
+    "trillium",
+    "ironwood",
+}
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +52,12 @@ def test_vllm_pinned_everywhere_with_release_tag_bases(real):
     # Since vLLM v0.20.0 the plain tag is the CUDA 13.0 build and -cu129 the CUDA 12.9 one.
     assert bases["h100"] == bases["h200"] == "vllm/vllm-openai:v0.30.0-cu129"
     assert bases["b200"] == bases["b300"] == "vllm/vllm-openai:v0.30.0"
-    assert {n: t.base.cuda for n, t in real.targets.items() if t.base.cuda} == \
-        {"h100": "12.9", "h200": "12.9", "b200": "13.0", "b300": "13.0"}
+    assert {n: t.base.cuda for n, t in real.targets.items() if t.base.cuda} == {
+        "h100": "12.9",
+        "h200": "12.9",
+        "b200": "13.0",
+        "b300": "13.0",
+    }
     assert bases["mi355x"] == "vllm/vllm-openai-rocm:v0.30.0"
     assert bases["xeon6"] == "vllm/vllm-openai-cpu:v0.30.0-x86_64"
     assert real.targets["gaudi2"].stage1.vllm_gaudi_commit == "058f107"
@@ -69,23 +86,29 @@ def test_recipe_launch_is_the_seed_text(real):
     assert real.recipe_launch("h100") == shlex.split(
         "vllm serve google/gemma-4-E2B-it --tensor-parallel-size 1 --enable-auto-tool-choice "
         "--tool-call-parser gemma4 --chat-template examples/tool_chat_template_gemma4.jinja "
-        "--reasoning-parser gemma4")
+        "--reasoning-parser gemma4"
+    )
 
 
-@pytest.mark.parametrize("mutate, expected", [
-    (lambda d: d["targets"]["h100"].update(bogus=1), "targets.h100.bogus: unknown key"),
-    (lambda d: d["targets"]["h100"]["base"].update(digest="sha256:xyz"), "targets.h100.base.digest"),
-    (lambda d: d["targets"]["h100"].update(family="quantum"), "targets.h100.family: unknown family 'quantum'"),
-    (lambda d: d["targets"]["h100"]["serve"].update(default_features=["telepathy"]),
-     "targets.h100.serve.default_features"),
-    (lambda d: d["targets"]["h100"].update(startup_budget_s="soon"), "targets.h100.startup_budget_s"),
-    (lambda d: d["targets"]["h100"].pop("run_flags"), "targets.h100.run_flags: Field required"),
-    (lambda d: d["targets"]["mi300x"].update(aliases=["h100"]), "'h100' is already a target name"),
-    (lambda d: d["targets"]["mi300x"].update(aliases=["all"]), "'all' is reserved (`build.py build all`"),
-    (lambda d: d["features"].pop("reasoning"), "features"),
-    (lambda d: d["project"].update(vllm_verison="0.30.0"), "project.vllm_verison: unknown key"),
-    (lambda d: d["targets"]["h200"].update(env={"X": "1"}), "families.cuda: its targets set different env"),
-])
+@pytest.mark.parametrize(
+    "mutate, expected",
+    [
+        (lambda d: d["targets"]["h100"].update(bogus=1), "targets.h100.bogus: unknown key"),
+        (lambda d: d["targets"]["h100"]["base"].update(digest="sha256:xyz"), "targets.h100.base.digest"),
+        (lambda d: d["targets"]["h100"].update(family="quantum"), "targets.h100.family: unknown family 'quantum'"),
+        (
+            lambda d: d["targets"]["h100"]["serve"].update(default_features=["telepathy"]),
+            "targets.h100.serve.default_features",
+        ),
+        (lambda d: d["targets"]["h100"].update(startup_budget_s="soon"), "targets.h100.startup_budget_s"),
+        (lambda d: d["targets"]["h100"].pop("run_flags"), "targets.h100.run_flags: Field required"),
+        (lambda d: d["targets"]["mi300x"].update(aliases=["h100"]), "'h100' is already a target name"),
+        (lambda d: d["targets"]["mi300x"].update(aliases=["all"]), "'all' is reserved (`build.py build all`"),
+        (lambda d: d["features"].pop("reasoning"), "features"),
+        (lambda d: d["project"].update(vllm_verison="0.30.0"), "project.vllm_verison: unknown key"),
+        (lambda d: d["targets"]["h200"].update(env={"X": "1"}), "families.cuda: its targets set different env"),
+    ],
+)
 def test_schema_errors_name_the_field(tmp_path, raw, mutate, expected):
     mutate(raw)
     with pytest.raises(MatrixError) as e:
@@ -93,13 +116,20 @@ def test_schema_errors_name_the_field(tmp_path, raw, mutate, expected):
     assert expected in str(e.value)
 
 
-@pytest.mark.parametrize("edit, key", [
-    # a second target block under targets:
-    (lambda text: text + "\n  xeon6:\n    family: cpu\n", "xeon6"),
-    # a field given twice in one target
-    (lambda text: text.replace("    startup_budget_s: 600\n", "    startup_budget_s: 600\n    startup_budget_s: 5\n"),
-     "startup_budget_s"),
-])
+@pytest.mark.parametrize(
+    "edit, key",
+    [
+        # a second target block under targets:
+        (lambda text: text + "\n  xeon6:\n    family: cpu\n", "xeon6"),
+        # a field given twice in one target
+        (
+            lambda text: text.replace(
+                "    startup_budget_s: 600\n", "    startup_budget_s: 600\n    startup_budget_s: 5\n"
+            ),
+            "startup_budget_s",
+        ),
+    ],
+)
 def test_a_key_given_twice_is_refused_with_both_lines(tmp_path, edit, key):
     path = tmp_path / "targets.yaml"
     path.write_text(edit(matrix.TARGETS_FILE.read_text()))
@@ -135,5 +165,5 @@ def test_malformed_yaml(tmp_path):
 def test_recipe_drops_unsupported_features_and_variants(real):
     gaudi = real.recipe("gaudi2")
     assert "spec_decoding" not in gaudi["features"]
-    assert "fp8" not in gaudi["variants"]          # fp8 runs on Hopper and Blackwell only
+    assert "fp8" not in gaudi["variants"]  # fp8 runs on Hopper and Blackwell only
     assert "fp8" in real.recipe("h100")["variants"]

@@ -1,5 +1,6 @@
 """pin's reading of references and its edit of targets.yaml, without a registry (the round trip
 against a real one is tests/integration/test_pin.py)."""
+
 import pytest
 
 from gemma4_images import matrix, pin, registry
@@ -8,15 +9,20 @@ DIGEST_A = "sha256:" + "a" * 64
 DIGEST_B = "sha256:" + "b" * 64
 
 
-@pytest.mark.parametrize("ref, parts", [
-    ("vllm/vllm-openai:v0.30.0-cu129", ("docker.io", "vllm/vllm-openai", "v0.30.0-cu129")),
-    ("ubuntu", ("docker.io", "library/ubuntu", "latest")),
-    ("127.0.0.1:5000/ns/img:1", ("127.0.0.1:5000", "ns/img", "1")),
-    ("localhost/img", ("localhost", "img", "latest")),
-    ("vault.habana.ai/gaudi-docker/1.24.1/ubuntu24.04/habanalabs/pytorch-installer-2.11.0:latest",
-     ("vault.habana.ai", "gaudi-docker/1.24.1/ubuntu24.04/habanalabs/pytorch-installer-2.11.0", "latest")),
-    (f"img:1@{DIGEST_A}", ("docker.io", "library/img", DIGEST_A)),
-])
+@pytest.mark.parametrize(
+    "ref, parts",
+    [
+        ("vllm/vllm-openai:v0.30.0-cu129", ("docker.io", "vllm/vllm-openai", "v0.30.0-cu129")),
+        ("ubuntu", ("docker.io", "library/ubuntu", "latest")),
+        ("127.0.0.1:5000/ns/img:1", ("127.0.0.1:5000", "ns/img", "1")),
+        ("localhost/img", ("localhost", "img", "latest")),
+        (
+            "vault.habana.ai/gaudi-docker/1.24.1/ubuntu24.04/habanalabs/pytorch-installer-2.11.0:latest",
+            ("vault.habana.ai", "gaudi-docker/1.24.1/ubuntu24.04/habanalabs/pytorch-installer-2.11.0", "latest"),
+        ),
+        (f"img:1@{DIGEST_A}", ("docker.io", "library/img", DIGEST_A)),
+    ],
+)
 def test_references_split_as_docker_reads_them(ref, parts):
     assert registry.split_reference(ref) == parts
     assert registry.api_host(parts[0]) == ("registry-1.docker.io" if parts[0] == "docker.io" else parts[0])
@@ -28,7 +34,7 @@ def test_every_registry_base_once_gaudi_by_its_stage1_image():
     assert found["vllm/vllm-openai:v0.30.0-cu129"] == ["h100", "h200"]
     assert found["vllm/vllm-openai:v0.30.0"] == ["b200", "b300"]
     assert found[m.targets["gaudi2"].stage1.image] == ["gaudi2"]
-    assert m.targets["gaudi2"].base.image not in found   # built here by stage 1: nothing to pin
+    assert m.targets["gaudi2"].base.image not in found  # built here by stage 1: nothing to pin
 
 
 YAML = """\
@@ -57,11 +63,13 @@ def test_write_replaces_or_adds_only_digest_lines(tmp_path, monkeypatch):
     changed = pin.write(path, {"reg.example/a:1": DIGEST_A, "reg.example/b:2": DIGEST_B}, today="2026-12-01")
     assert changed == ["reg.example/a:1", "reg.example/b:2"]
     assert path.read_text() == YAML.replace(
-        "      digest: null\n",
-        f"      digest: {DIGEST_A}  # pinned by `build.py pin` from reg.example on 2026-12-01\n").replace(
+        "      digest: null\n", f"      digest: {DIGEST_A}  # pinned by `build.py pin` from reg.example on 2026-12-01\n"
+    ).replace(
         "      image: reg.example/b:2\n",
-        f"      image: reg.example/b:2\n      digest: {DIGEST_B}  # pinned by `build.py pin` from reg.example on 2026-12-01\n")
-    assert pin.write(path, {"reg.example/a:1": DIGEST_A}) == []   # already there: untouched
+        f"      image: reg.example/b:2\n"
+        f"      digest: {DIGEST_B}  # pinned by `build.py pin` from reg.example on 2026-12-01\n",
+    )
+    assert pin.write(path, {"reg.example/a:1": DIGEST_A}) == []  # already there: untouched
 
 
 def test_write_refuses_an_image_it_cannot_find_and_leaves_the_file(tmp_path, monkeypatch):
@@ -78,6 +86,7 @@ class _Loaded:
 
     def __init__(self, path):
         import yaml
+
         raw = yaml.safe_load(open(path))
         self.targets = {n: _T(t["base"]) for n, t in raw["targets"].items()}
 

@@ -4,8 +4,8 @@ pack it writes, where it finds the upstream files, and its handling of the fixes
 The command runs in a subprocess as a porter runs it; its results are judged with the pack's
 own applier (patches/apply_all.py), never by reading the diffs it wrote. The real snapshots
 are in tests/integration/test_port_fixes_snapshots.py."""
+
 import json
-import os
 import subprocess
 import sys
 import tarfile
@@ -40,13 +40,23 @@ class Porting:
                 (root / path).write_text(text)
         after_one = edit(UPSTREAM[X], "x_10 = 10\n", "x_10 = 100\n")
         after_two = edit(edit(after_one, "x_12 = 12\n", "x_12 = 120\n"), "x_30 = 30\n", "x_30 = 30\nx_30b = 0\n")
-        self.fixes = [("fix-one", {X: (UPSTREAM[X], after_one)}),
-                      ("fix-two", {X: (after_one, after_two)}),  # on top of fix-one, as the pack is stacked
-                      ("fix-three", {Y: (UPSTREAM[Y], edit(UPSTREAM[Y], "y_5 = 5\n", "y_5 = 50\n"))})]
+        self.fixes = [
+            ("fix-one", {X: (UPSTREAM[X], after_one)}),
+            ("fix-two", {X: (after_one, after_two)}),  # on top of fix-one, as the pack is stacked
+            ("fix-three", {Y: (UPSTREAM[Y], edit(UPSTREAM[Y], "y_5 = 5\n", "y_5 = 50\n"))}),
+        ]
         (self.pack / "profiles").mkdir(parents=True)
-        (self.pack / "profiles" / "v0.30.0.json").write_text(json.dumps({
-            "name": "v0.30.0", "description": "test", "requires": {"vllm_gaudi": {"version": "0.30.0"}},
-            "generic": [n for n, _ in self.fixes], "opt_in": []}))
+        (self.pack / "profiles" / "v0.30.0.json").write_text(
+            json.dumps(
+                {
+                    "name": "v0.30.0",
+                    "description": "test",
+                    "requires": {"vllm_gaudi": {"version": "0.30.0"}},
+                    "generic": [n for n, _ in self.fixes],
+                    "opt_in": [],
+                }
+            )
+        )
         for name, changes in self.fixes:
             self.write_fix(name, changes)
         self.out = tmp_path / "out"
@@ -55,19 +65,41 @@ class Porting:
         """fix.json (with the optional keys given) and fix.diff of a fix: {path: (before, after)}."""
         folder = self.pack / name
         folder.mkdir(exist_ok=True)
-        (folder / "fix.json").write_text(json.dumps({
-            "name": name, "why": f"test fix {name}", "package": "vllm_gaudi", "files": list(changes),
-            "opt_in": False, "written_against": "vllm-gaudi main 1234567 (synthetic)", "verified": "unit test",
-            "pre_sha256": {p: sha(UPSTREAM[p]) for p in changes}, **optional}))
+        (folder / "fix.json").write_text(
+            json.dumps(
+                {
+                    "name": name,
+                    "why": f"test fix {name}",
+                    "package": "vllm_gaudi",
+                    "files": list(changes),
+                    "opt_in": False,
+                    "written_against": "vllm-gaudi main 1234567 (synthetic)",
+                    "verified": "unit test",
+                    "pre_sha256": {p: sha(UPSTREAM[p]) for p in changes},
+                    **optional,
+                }
+            )
+        )
         (folder / "fix.diff").write_text("".join(make_diff(p, b, a) for p, (b, a) in changes.items()))
 
     def upstream_change(self, path, old, new):
         (self.new / path).write_text(edit((self.new / path).read_text(), old, new))
 
     def run(self, *args, base=True):
-        cmd = [sys.executable, str(PORT), str(self.new), "--pack", str(self.pack), "--out", str(self.out),
-               "--archives", str(self.tmp / "no-archives"), "--no-tests", *(["--base", str(self.base)] if base else []),
-               *args]
+        cmd = [
+            sys.executable,
+            str(PORT),
+            str(self.new),
+            "--pack",
+            str(self.pack),
+            "--out",
+            str(self.out),
+            "--archives",
+            str(self.tmp / "no-archives"),
+            "--no-tests",
+            *(["--base", str(self.base)] if base else []),
+            *args,
+        ]
         return subprocess.run(cmd, capture_output=True, text=True)
 
     def report(self):
@@ -99,19 +131,26 @@ def edit_all(text, edits):
     return text
 
 
-ALL_EDITS = {X: [("x_10 = 10\n", "x_10 = 100\n"), ("x_12 = 12\n", "x_12 = 120\n"), ("x_30 = 30\n", "x_30 = 30\nx_30b = 0\n")],
-             Y: [("y_5 = 5\n", "y_5 = 50\n")]}
+ALL_EDITS = {
+    X: [("x_10 = 10\n", "x_10 = 100\n"), ("x_12 = 12\n", "x_12 = 120\n"), ("x_30 = 30\n", "x_30 = 30\nx_30b = 0\n")],
+    Y: [("y_5 = 5\n", "y_5 = 50\n")],
+}
 
 
 # ---------------------------------------------------------------- verdicts
 def test_same_tree_is_exact_and_the_pack_is_unchanged(porting):
     out = ok(porting.run()).stdout
-    assert [line.split() for line in out.splitlines() if line.startswith("  ") and "fix-" in line] == \
-        [["exact", "fix-one"], ["exact", "fix-two"], ["exact", "fix-three"]]
+    assert [line.split() for line in out.splitlines() if line.startswith("  ") and "fix-" in line] == [
+        ["exact", "fix-one"],
+        ["exact", "fix-two"],
+        ["exact", "fix-three"],
+    ]
     for name, _ in porting.fixes:
         for part in ("fix.json", "fix.diff"):
             assert (porting.out / name / part).read_bytes() == (porting.pack / name / part).read_bytes(), (name, part)
-    assert {n: f["state"] for n, f in porting.report().items()} == dict.fromkeys(["fix-one", "fix-two", "fix-three"], "exact")
+    assert {n: f["state"] for n, f in porting.report().items()} == dict.fromkeys(
+        ["fix-one", "fix-two", "fix-three"], "exact"
+    )
 
 
 def test_moved_code_is_rebased_and_the_new_diffs_apply_exactly(porting):
@@ -131,8 +170,9 @@ def test_moved_code_is_rebased_and_the_new_diffs_apply_exactly(porting):
     assert meta["written_against"].startswith("vllm-gaudi new: ported by scripts/port-fixes.py (rebased cleanly")
     assert "on top of fix-one" in meta["written_against"]
     assert porting.report()["fix-two"]["files"][X]["post_sha256"] == sha(files[X])
-    assert porting.report()["fix-one"]["files"][X]["post_sha256"] == \
-        sha(expected(porting, {X: ALL_EDITS[X][:1]})[X]), "post_sha256: the file after the fix, in pack order"
+    assert porting.report()["fix-one"]["files"][X]["post_sha256"] == sha(expected(porting, {X: ALL_EDITS[X][:1]})[X]), (
+        "post_sha256: the file after the fix, in pack order"
+    )
 
 
 def test_overlapping_change_is_a_conflict_with_its_lines_and_blocks_later_fixes(porting):
@@ -140,12 +180,19 @@ def test_overlapping_change_is_a_conflict_with_its_lines_and_blocks_later_fixes(
     result = porting.run()
     assert result.returncode == 1, result.stdout + result.stderr
     out = result.stdout
-    assert "CONFLICT         fix-one" in out and "BLOCKED          fix-two" in out and "exact            fix-three" in out
+    assert (
+        "CONFLICT         fix-one" in out and "BLOCKED          fix-two" in out and "exact            fix-three" in out
+    )
     assert f"{X}: git merge-file conflict at line 10 of the new tree's file:" in out
-    lines = out[out.index("git merge-file conflict"):].splitlines()
-    assert lines[1:7] == ["        upstream now:", "          | x_10 = 10  # changed upstream",
-                          "        the fix was made against:", "          | x_10 = 10",
-                          "        the fix wants:", "          | x_10 = 100"]
+    lines = out[out.index("git merge-file conflict") :].splitlines()
+    assert lines[1:7] == [
+        "        upstream now:",
+        "          | x_10 = 10  # changed upstream",
+        "        the fix was made against:",
+        "          | x_10 = 10",
+        "        the fix wants:",
+        "          | x_10 = 100",
+    ]
     assert f"{X}: not ported: fix-one conflicts in this file; resolve that first" in out
     assert "tests: not run (resolve the conflicts first)" in out
     folder = porting.out / "fix-one"
@@ -153,8 +200,19 @@ def test_overlapping_change_is_a_conflict_with_its_lines_and_blocks_later_fixes(
     merged = (folder / "conflict" / X).read_text()
     assert "<<<<<<< vllm-gaudi new\nx_10 = 10  # changed upstream\n||||||| fix-one was made against\n" in merged
     assert (folder / "conflict" / (X + ".before")).read_text() == porting.new.joinpath(X).read_text()
-    refused = subprocess.run([sys.executable, str(REPO / "patches" / "apply_all.py"), "--profile", "v0.30.0",
-                              "--pack", str(porting.out), "--list"], capture_output=True, text=True)
+    refused = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "patches" / "apply_all.py"),
+            "--profile",
+            "v0.30.0",
+            "--pack",
+            str(porting.out),
+            "--list",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert refused.returncode == 1 and "fix-one" in refused.stdout and "UNUSABLE" in refused.stdout
 
 
@@ -162,18 +220,28 @@ def test_a_fix_stacked_on_a_conflicting_fix_in_another_file_is_blocked(porting):
     """fix-one conflicts in X and merges cleanly in Y; fix-three's diff of Y is made on top of
     fix-one's, so without fix-one it cannot be ported either (it would not apply)."""
     y_one = edit(UPSTREAM[Y], "y_5 = 5\n", "y_5 = 50\n")
-    porting.write_fix("fix-one", {X: (UPSTREAM[X], edit(UPSTREAM[X], "x_10 = 10\n", "x_10 = 100\n")),
-                                  Y: (UPSTREAM[Y], y_one)})
+    porting.write_fix(
+        "fix-one", {X: (UPSTREAM[X], edit(UPSTREAM[X], "x_10 = 10\n", "x_10 = 100\n")), Y: (UPSTREAM[Y], y_one)}
+    )
     porting.write_fix("fix-three", {Y: (y_one, edit(y_one, "y_7 = 7\n", "y_7 = 70\n"))})
     porting.upstream_change(X, "x_10 = 10\n", "x_10 = 10  # changed upstream\n")
     result = porting.run()
     assert result.returncode == 1, result.stdout + result.stderr
-    assert {n: f["state"] for n, f in porting.report().items()} == \
-        {"fix-one": "conflict", "fix-two": "blocked", "fix-three": "blocked"}, result.stdout
-    assert f"{Y}: not ported: fix-one, before it in pack order, edits this file and is not ported " \
-           "(it conflicts); resolve that first" in result.stdout
+    assert {n: f["state"] for n, f in porting.report().items()} == {
+        "fix-one": "conflict",
+        "fix-two": "blocked",
+        "fix-three": "blocked",
+    }, result.stdout
+    assert (
+        f"{Y}: not ported: fix-one, before it in pack order, edits this file and is not ported "
+        "(it conflicts); resolve that first" in result.stdout
+    )
     assert porting.report()["fix-three"]["files"][Y] == {
-        "state": "blocked", "by": "fix-one", "pre_sha256": sha(UPSTREAM[Y]), "before_sha256": sha(UPSTREAM[Y])}
+        "state": "blocked",
+        "by": "fix-one",
+        "pre_sha256": sha(UPSTREAM[Y]),
+        "before_sha256": sha(UPSTREAM[Y]),
+    }
     assert not (porting.out / "fix-three" / "fix.json").exists()
 
 
@@ -182,28 +250,39 @@ def test_a_conflict_leaves_the_other_fixes_written_and_checked(porting):
     porting.upstream_change(Y, "y_1 = 1\n", "y_1 = 1\ny_1b = 0\n")  # fix-three rebases
     result = porting.run()
     assert result.returncode == 1
-    assert "written: fix-three (1 of 3 fixes); checked: it applies exactly to the new tree at the stated lines" \
-        in result.stdout, result.stdout
+    assert (
+        "written: fix-three (1 of 3 fixes); checked: it applies exactly to the new tree at the stated lines"
+        in result.stdout
+    ), result.stdout
     files, report = porting.applied(porting.out, ["fix-three"])
     assert [e["state"] for e in report] == ["apply"] and not report[0]["notes"] + report[0]["unverified"]
     assert files == expected(porting, {Y: ALL_EDITS[Y]})
 
 
 def test_the_optional_keys_are_carried_and_hunk_coverage_is_marked_stale(porting):
-    optional = {"tests": ["tests/unit/test_x.py::test_it"], "gaudi_checks": ["a Gaudi 2 shows it"],
-                "hunks_gaudi_only": [{"match": "x_30b = 0", "why": "HPU only", "gaudi": "it shows"}],
-                "hunk_coverage": "1/2 hunks noticed by a CPU test (synthetic)"}
+    optional = {
+        "tests": ["tests/unit/test_x.py::test_it"],
+        "gaudi_checks": ["a Gaudi 2 shows it"],
+        "hunks_gaudi_only": [{"match": "x_30b = 0", "why": "HPU only", "gaudi": "it shows"}],
+        "hunk_coverage": "1/2 hunks noticed by a CPU test (synthetic)",
+    }
     after_one = edit(UPSTREAM[X], "x_10 = 10\n", "x_10 = 100\n")
-    porting.write_fix("fix-two", {X: (after_one, edit(edit(after_one, "x_12 = 12\n", "x_12 = 120\n"),
-                                                       "x_30 = 30\n", "x_30 = 30\nx_30b = 0\n"))}, **optional)
+    porting.write_fix(
+        "fix-two",
+        {X: (after_one, edit(edit(after_one, "x_12 = 12\n", "x_12 = 120\n"), "x_30 = 30\n", "x_30 = 30\nx_30b = 0\n"))},
+        **optional,
+    )
     porting.write_fix("fix-three", {Y: (UPSTREAM[Y], edit(UPSTREAM[Y], "y_5 = 5\n", "y_5 = 50\n"))}, **optional)
     porting.upstream_change(X, "x_2 = 2\n", "x_2 = 2\nnew = 0\n")
     out = ok(porting.run()).stdout
-    assert f"hunk coverage: not re-recorded for fix-two (their fix.json says so): record it with PYTHON=<python " \
-           f"with vLLM 0.30.0> scripts/hunk_coverage.py --record {porting.new} once this pack is patches/" in out
+    assert (
+        f"hunk coverage: not re-recorded for fix-two (their fix.json says so): record it with PYTHON=<python "
+        f"with vLLM 0.30.0> scripts/hunk_coverage.py --record {porting.new} once this pack is patches/" in out
+    )
     ported = json.loads((porting.out / "fix-two" / "fix.json").read_text())
-    assert {k: ported[k] for k in ("tests", "gaudi_checks", "hunks_gaudi_only")} == \
-        {k: optional[k] for k in ("tests", "gaudi_checks", "hunks_gaudi_only")}
+    assert {k: ported[k] for k in ("tests", "gaudi_checks", "hunks_gaudi_only")} == {
+        k: optional[k] for k in ("tests", "gaudi_checks", "hunks_gaudi_only")
+    }
     assert ported["hunk_coverage"].startswith("not re-recorded since the port to vllm-gaudi new: ")
     assert "scripts/hunk_coverage.py --record <vllm-gaudi new> once this pack is patches/" in ported["hunk_coverage"]
     assert ported["hunk_coverage"].endswith("before the port: 1/2 hunks noticed by a CPU test (synthetic)")
@@ -220,9 +299,13 @@ def test_changed_context_is_a_conflict_unless_the_merge_is_accepted(porting):
     out = result.stdout
     assert "CONFLICT         fix-two" in out and "exact            fix-one" in out
     assert f"{X}: hunk @@ -28,6 +28,7 @@: upstream changed lines of its context, now near line 28" in out
-    lines = out[out.index("upstream changed lines"):].splitlines()
-    assert lines[1:5] == ["        the fix was made against:", "          | x_28 = 28",
-                          "        upstream now:", "          | x_28 = 28  # context line changed upstream"]
+    lines = out[out.index("upstream changed lines") :].splitlines()
+    assert lines[1:5] == [
+        "        the fix was made against:",
+        "          | x_28 = 28",
+        "        upstream now:",
+        "          | x_28 = 28  # context line changed upstream",
+    ]
     assert (porting.out / "fix-two" / "conflict" / X).read_text().count("x_30b = 0\n") == 1, "git's clean merge"
 
     porting.out = porting.tmp / "accepted"
@@ -261,8 +344,9 @@ def test_upstream_files_come_from_the_new_trees_git_history(porting):
     porting.upstream_change(X, "x_1 = 1\n", "x_1 = 1\nx_1b = 0\n")
     subprocess.run(git + ["commit", "-qam", "next"], check=True)
     result = ok(porting.run(base=False))
-    assert f"upstream {X} (sha256 {sha(UPSTREAM[X])[:12]}): from git history of the new tree ({commit})" \
-        in result.stdout
+    assert (
+        f"upstream {X} (sha256 {sha(UPSTREAM[X])[:12]}): from git history of the new tree ({commit})" in result.stdout
+    )
     assert porting.applied(porting.out)[0] == expected(porting, ALL_EDITS)
 
 
@@ -270,17 +354,22 @@ def test_missing_upstream_file_is_one_line_and_nothing_is_written(porting):
     porting.upstream_change(X, "x_1 = 1\n", "x_1 = 1\nx_1b = 0\n")
     result = porting.run(base=False)
     assert result.returncode == 2
-    assert result.stderr.count("\n") == 1 and result.stderr.startswith("port-fixes: error: no copy of the upstream file")
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith(
+        "port-fixes: error: no copy of the upstream file"
+    )
     assert f"{X} (sha256 {sha(UPSTREAM[X])})" in result.stderr and "pass --base DIR" in result.stderr
     assert not porting.out.exists() and not list(porting.tmp.glob(".port-fixes.*"))
 
 
-@pytest.mark.parametrize("breakage, message", [
-    ("out exists", "already exists: remove it, or choose another --out"),
-    ("not a tree", "is not a vllm-gaudi tree (no vllm_gaudi/ in it)"),
-    ("file gone", f"has no {X}, which the fixes edit: port them by hand"),
-    ("not stacked", "fix fix-two: vllm_gaudi/v1/worker/x.py: hunk @@"),
-])
+@pytest.mark.parametrize(
+    "breakage, message",
+    [
+        ("out exists", "already exists: remove it, or choose another --out"),
+        ("not a tree", "is not a vllm-gaudi tree (no vllm_gaudi/ in it)"),
+        ("file gone", f"has no {X}, which the fixes edit: port them by hand"),
+        ("not stacked", "fix fix-two: vllm_gaudi/v1/worker/x.py: hunk @@"),
+    ],
+)
 def test_bad_input_exits_2_with_one_line(porting, breakage, message):
     if breakage == "out exists":
         porting.out.mkdir()
@@ -320,7 +409,7 @@ test -f patches/fix-one/fix.json
 VLLM_GAUDI_SRC="$1" "$PYTHON" -m pytest -q -p no:cacheprovider tests/unit
 """
 
-STANDIN_TESTS = '''
+STANDIN_TESTS = """
 import os
 FIX = "fix-one"  # the module names the fixes it tests
 
@@ -333,7 +422,7 @@ def test_fails():
 def test_skips():
     import pytest
     pytest.skip("stand-in skip")
-'''
+"""
 
 
 def standin_repo(tmp_path, modules):
@@ -355,14 +444,21 @@ def test_test_run_is_reported_per_module_and_its_exit_kept(porting, tmp_path):
     log = tmp_path / "check.log"
     tests = port.run_tests(str(porting.pack), str(porting.new), sys.executable, str(log), repo=str(repo))
     assert tests["exit"] == 1
-    assert tests["modules"] == {"test_gaudi_fix_standin": {
-        "passed": 1, "failed": 1, "skipped": 1, "reasons": ["AssertionError: stand-in failure"], "fixes": ["fix-one"]}}
+    assert tests["modules"] == {
+        "test_gaudi_fix_standin": {
+            "passed": 1,
+            "failed": 1,
+            "skipped": 1,
+            "reasons": ["AssertionError: stand-in failure"],
+            "fixes": ["fix-one"],
+        }
+    }
     assert "1 failed, 1 passed, 1 skipped" in log.read_text()
     assert port.tests_of("fix-one", tests) == "test_gaudi_fix_standin.py 1 passed, 1 failed, 1 skipped"
     assert port.tests_of("fix-two", tests).startswith("no test module names it")
 
 
-STANDIN_MANIFESTS = '''
+STANDIN_MANIFESTS = """
 FIX = "fix-one"
 
 def test_manifest_names_tests_that_exist():
@@ -370,7 +466,7 @@ def test_manifest_names_tests_that_exist():
 
 def test_manifest_coverage_counts_the_current_hunks():
     raise AssertionError("stand-in: no hunk_coverage figure in fix.json")
-'''
+"""
 
 
 def test_test_run_leaves_out_the_coverage_figure_check_when_the_port_marks_it_stale(porting, tmp_path):

@@ -1,5 +1,6 @@
 """The push's rules without an engine: names and tags, the dirty-revision refusal, the smoke gate,
 pushed.json. The real push to a real registry is tests/integration/test_push.py."""
+
 import json
 import os
 import time
@@ -34,12 +35,15 @@ class FakeClient:
         return self._images[ref]
 
 
-@pytest.mark.parametrize("registry, repo", [
-    ("127.0.0.1:5000/ml", "127.0.0.1:5000/ml/gemma4-e2b"),
-    ("127.0.0.1:5000", "127.0.0.1:5000/gemma4-e2b"),
-    ("ghcr.io/org/team/", "ghcr.io/org/team/gemma4-e2b"),
-    ("localhost/x", "localhost/x/gemma4-e2b"),
-])
+@pytest.mark.parametrize(
+    "registry, repo",
+    [
+        ("127.0.0.1:5000/ml", "127.0.0.1:5000/ml/gemma4-e2b"),
+        ("127.0.0.1:5000", "127.0.0.1:5000/gemma4-e2b"),
+        ("ghcr.io/org/team/", "ghcr.io/org/team/gemma4-e2b"),
+        ("localhost/x", "localhost/x/gemma4-e2b"),
+    ],
+)
 def test_repository(registry, repo):
     assert publish.repository(M, registry) == repo
 
@@ -70,14 +74,23 @@ def test_unknown_revision_is_refused():
         publish.short_revision(FakeImage(revision="unknown"), True)
 
 
-@pytest.mark.parametrize("host, scheme", [("127.0.0.1:5000", "http"), ("127.1.2.3", "http"),
-                                          ("localhost:5000", "http"), ("[::1]:5000", "http"),
-                                          ("ghcr.io", "https"), ("10.0.0.5:5000", "https")])
+@pytest.mark.parametrize(
+    "host, scheme",
+    [
+        ("127.0.0.1:5000", "http"),
+        ("127.1.2.3", "http"),
+        ("localhost:5000", "http"),
+        ("[::1]:5000", "http"),
+        ("ghcr.io", "https"),
+        ("10.0.0.5:5000", "https"),
+    ],
+)
 def test_loopback_registries_speak_plain_http(host, scheme):
     assert registry.scheme(host) == scheme
 
 
 # -- the smoke gate ------------------------------------------------------------------------------
+
 
 def write_report(path, target="xeon6", image="gemma4-e2b:xeon6-v0.30.0", status="pass", **extra):
     Report(target=target, image=image, model="m", checks=[Check("ready", status)]).write(path)
@@ -135,10 +148,16 @@ def test_unreadable_report(gate):
 
 # -- pushed.json ---------------------------------------------------------------------------------
 
+
 def test_record_keeps_other_targets_and_replaces_the_same_one(tmp_path):
     path = tmp_path / "pushed.json"
-    publish.record([{"target": "h100", "repository": "r", "digest": "sha256:1"},
-                    {"target": "b200", "repository": "r", "digest": "sha256:2"}], path)
+    publish.record(
+        [
+            {"target": "h100", "repository": "r", "digest": "sha256:1"},
+            {"target": "b200", "repository": "r", "digest": "sha256:2"},
+        ],
+        path,
+    )
     publish.record([{"target": "h100", "repository": "r", "digest": "sha256:3"}], path)
     recorded = {(e["target"], e["digest"]) for e in json.loads(path.read_text())}
     assert recorded == {("b200", "sha256:2"), ("h100", "sha256:3")}

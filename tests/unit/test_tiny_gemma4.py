@@ -16,10 +16,22 @@ ROOT = Path(__file__).resolve().parents[2]
 
 BOS, EOS = 2, 1
 EXPECTED_IDS = {
-    "<pad>": 0, "<eos>": 1, "<bos>": 2, "<unk>": 3,
-    "<|tool>": 46, "<tool|>": 47, "<|tool_call>": 48, "<tool_call|>": 49,
-    "<|tool_response>": 50, "<tool_response|>": 51, '<|"|>': 52,
-    "<|think|>": 98, "<|channel>": 100, "<channel|>": 101, "<|turn>": 105, "<turn|>": 106,
+    "<pad>": 0,
+    "<eos>": 1,
+    "<bos>": 2,
+    "<unk>": 3,
+    "<|tool>": 46,
+    "<tool|>": 47,
+    "<|tool_call>": 48,
+    "<tool_call|>": 49,
+    "<|tool_response>": 50,
+    "<tool_response|>": 51,
+    '<|"|>': 52,
+    "<|think|>": 98,
+    "<|channel>": 100,
+    "<channel|>": 101,
+    "<|turn>": 105,
+    "<turn|>": 106,
 }
 MM_TOKENS = ["<|image>", "<image|>", "<|image|>", "<|audio>", "<audio|>", "<|audio|>", "<|video|>"]
 
@@ -37,9 +49,16 @@ def _digests(folder: Path) -> dict[str, str]:
 
 def test_folder_has_the_files_vllm_reads(tiny_dir):
     names = {p.name for p in tiny_dir.iterdir()}
-    assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-            "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-            "processor_config.json"} <= names
+    assert {
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "chat_template.jinja",
+        "processor_config.json",
+    } <= names
 
 
 def test_special_token_ids(tok):
@@ -61,8 +80,9 @@ def test_raw_encode_has_no_bos_like_the_instruct_tokenizer(tok):
     assert BOS not in tok("Hello world", add_special_tokens=False)["input_ids"]
 
 
-@pytest.mark.parametrize("text", ["Hello world, the weather is fine.\n\tcall:get_weather{x:1} ~`|\\",
-                                  "Grüße, 日本, emoji \N{SNOWMAN}"])
+@pytest.mark.parametrize(
+    "text", ["Hello world, the weather is fine.\n\tcall:get_weather{x:1} ~`|\\", "Grüße, 日本, emoji \N{SNOWMAN}"]
+)
 def test_arbitrary_text_encodes_without_unk_and_round_trips(tok, text):
     ids = tok(text, add_special_tokens=False)["input_ids"]
     assert tok.unk_token_id not in ids
@@ -79,21 +99,35 @@ def test_chat_template_starts_with_exactly_one_bos(tok):
 
 
 def test_chat_template_system_tools_thinking_and_tool_calls(tok):
-    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather",
-                                               "parameters": {"type": "object", "properties": {}}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "Weather",
+                "parameters": {"type": "object", "properties": {}},
+            },
+        }
+    ]
     messages = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": [{"type": "text", "text": "Look"}, {"type": "image"}]},
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris", "n": 2}}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris", "n": 2}}}
+            ],
+        },
         {"role": "tool", "name": "get_weather", "content": "sunny"},
     ]
-    text = tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True,
-                                   enable_thinking=True)
+    text = tok.apply_chat_template(
+        messages, tools=tools, tokenize=False, add_generation_prompt=True, enable_thinking=True
+    )
     assert text.startswith("<bos><|turn>system\n<|think|>Be brief.<|tool>declaration:get_weather{")
     assert "<|turn>user\nLook<|image|><turn|>\n" in text
     assert '<|turn>model\n<|tool_call>call:get_weather{city:<|"|>Paris<|"|>,n:2}<tool_call|><turn|>\n' in text
-    assert "<|tool_response>response:get_weather{value:<|\"|>sunny<|\"|>}<tool_response|>" in text
+    assert '<|tool_response>response:get_weather{value:<|"|>sunny<|"|>}<tool_response|>' in text
     assert text.endswith("<|turn>model\n") and text.count("<bos>") == 1
     plain = tok.apply_chat_template(messages[1:2], tokenize=False)
     assert "<|think|>" not in plain and "<|turn>system" not in plain
@@ -116,9 +150,15 @@ def test_model_config_is_gemma4_e2b_shaped(tiny_dir, tok):
     assert text.final_logit_softcapping == 30.0
     assert text.vocab_size == len(tok)
     assert config.vision_config.default_output_length == 280
-    for attr, token in [("image_token_id", "<|image|>"), ("boi_token_id", "<|image>"), ("eoi_token_id", "<image|>"),
-                        ("audio_token_id", "<|audio|>"), ("boa_token_id", "<|audio>"),
-                        ("eoa_token_index", "<audio|>"), ("video_token_id", "<|video|>")]:
+    for attr, token in [
+        ("image_token_id", "<|image|>"),
+        ("boi_token_id", "<|image>"),
+        ("eoi_token_id", "<image|>"),
+        ("audio_token_id", "<|audio|>"),
+        ("boa_token_id", "<|audio>"),
+        ("eoa_token_index", "<audio|>"),
+        ("video_token_id", "<|video|>"),
+    ]:
         assert getattr(config, attr) == tok.convert_tokens_to_ids(token), attr
     generation = json.loads((tiny_dir / "generation_config.json").read_text())
     assert generation["eos_token_id"] == [EOS, EXPECTED_IDS["<turn|>"]]
@@ -150,8 +190,13 @@ def test_model_loads_and_runs_a_forward_pass(tiny_dir, tok):
 def test_same_seed_same_bytes_other_seed_other_weights(tiny_dir, tmp_path):
     # Through the CLI, so the entry point is covered too.
     again = tmp_path / "again"
-    run = subprocess.run([sys.executable, "-m", "testkit.tiny_gemma4", str(again), "--seed", "0"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-m", "testkit.tiny_gemma4", str(again), "--seed", "0"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout)["seed"] == 0
     assert _digests(again) == _digests(tiny_dir)

@@ -5,6 +5,7 @@ Training takes ~2-3.5 min on a busy 2-core machine, so the regenerated folder is
 cache under the digest of everything the weights depend on (testkit.train.inputs_digest): a change
 to the script retrains once, an unchanged script reuses it.
 """
+
 import hashlib
 import subprocess
 import sys
@@ -25,8 +26,9 @@ def seqs():
 def regenerated(seqs):
     out = cache_dir() / f"tiny-gemma4-trained-regen-{train.inputs_digest(seqs)[:16]}"
     if not (out / trained.MANIFEST).exists():
-        run = subprocess.run([sys.executable, "-m", "testkit.train", str(out)], cwd=ROOT,
-                             capture_output=True, text=True, timeout=1800)
+        run = subprocess.run(
+            [sys.executable, "-m", "testkit.train", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=1800
+        )
         assert run.returncode == 0, run.stderr[-3000:]
     return out
 
@@ -39,16 +41,17 @@ def test_regeneration_gives_the_same_folder_and_the_same_answers(regenerated, se
     fixture, again = trained.fixture_manifest(), trained.fixture_manifest(regenerated)
     assert again["inputs_sha256"] == fixture["inputs_sha256"], "the fixture is stale (see test_trained_model)"
     made = trained.ensure()
-    for path in made.iterdir():     # everything but the weights and the manifest is byte-identical
+    for path in made.iterdir():  # everything but the weights and the manifest is byte-identical
         if path.name not in (trained.WEIGHTS, trained.MANIFEST):
             assert (regenerated / path.name).read_bytes() == path.read_bytes(), path.name
     assert again["weights_sha256"] == _sha(regenerated / trained.WEIGHTS)
     same_platform = all(again[k] == fixture[k] for k in ("torch", "cpu_capability", "transformers"))
     if same_platform:
         assert again["weights_sha256"] == fixture["weights_sha256"]
-    else:   # other kernels round differently: the bytes may differ, the answers must not
+    else:  # other kernels round differently: the bytes may differ, the answers must not
         import torch
         from transformers import Gemma4ForConditionalGeneration
+
         decode = prompts.load_tokenizer(regenerated).decode
         for dtype in (torch.bfloat16, torch.float32):
             model = Gemma4ForConditionalGeneration.from_pretrained(str(regenerated), dtype=dtype).eval()
