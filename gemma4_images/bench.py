@@ -19,25 +19,21 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from unittest import mock
 
 from testkit import tiny_model, trained
 
 from . import images, localbase, matrix
+from .image_code import gemma4_bench as harness  # the pure table helpers
 from .matrix import ROOT
-
-sys.path.insert(0, str(ROOT / "image"))
-import gemma4_bench as harness  # noqa: E402  (image/gemma4_bench.py: the pure table helpers)
 
 TARGET = "xeon6"
 BENCH_TAG = "gemma4-e2b-bench/xeon6:build"
 BASE_BENCH_TAG = "gemma4-e2b-bench/vllm-cpu:cold"
-CPU_IMAGE = "gemma4-e2b:xeon6-v0.30.0-tiny"
+CPU_IMAGE = matrix.load().tiny_tag(TARGET)
 CONTEXT_ITEMS = ["image", "patches", ".dockerignore"]
 FS_INSTRUCTIONS = ("COPY", "ADD", "RUN")
 NOCHANGE_MAX_STEPS = 0
@@ -245,29 +241,24 @@ def tree_hashes(root: Path) -> dict[str, str]:
 
 def timed_build(client, m, base: str, context: Path, tokenizer: str, nocache: bool) -> tuple[float, list[Step], dict]:
     lines, stamps, captured = [], [], {}
-    real = images.build
 
     def record(line):
         lines.append(line)
         stamps.append(time.monotonic())
 
-    def capture(client_, spec, log, verbose=False):
-        captured.update(spec.buildargs)
-        return real(client_, spec, log, verbose=verbose)
-
     start = time.monotonic()
-    with mock.patch.object(images, "build", capture):
-        images.build_target(
-            client,
-            m,
-            TARGET,
-            base_override=base,
-            tokenizer_source=tokenizer,
-            tag=BENCH_TAG,
-            nocache=nocache,
-            context=context,
-            log=record,
-        )
+    images.build_target(
+        client,
+        m,
+        TARGET,
+        base_override=base,
+        tokenizer_source=tokenizer,
+        tag=BENCH_TAG,
+        nocache=nocache,
+        context=context,
+        log=record,
+        on_spec=lambda spec: captured.update(spec.buildargs),
+    )
     end = time.monotonic()
     return end - start, parse_steps(lines, stamps, end), captured
 
@@ -551,7 +542,7 @@ def serving_bench(client, log, image: str = CPU_IMAGE) -> dict:
     if client.images.list(name=image) == []:
         m = matrix.load()
         localbase.cpu_base(client, m, log)
-        images.build_target(client, m, "cpu", tokenizer_source=str(tiny_model.ensure()), tag=image, log=log)
+        images.build_target(client, m, "xeon6", tokenizer_source=str(tiny_model.ensure()), tag=image, log=log)
     offline, off_s, shipped = run_harness(client, image, OFFLINE_TINY, log)
     served, srv_s, _ = run_harness(client, image, SERVED_TINY, log)
     offline.pop("continuations", None)

@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 from docker.errors import APIError
 
-from gemma4_images import images, render, running, tokenizer_copy, upstream, wheels
+from gemma4_images import images, pin, publish, render, running, tokenizer_copy, upstream, wheels
 from gemma4_images import matrix as matrix_mod
 from gemma4_images import registry as registry_api
 from gemma4_images.docker_build import BaseUnavailable, BuildFailed, DockerUnavailable, connect, local_image
@@ -29,6 +29,8 @@ EXPECTED = (
     upstream.UpstreamError,
     TokenizerError,
     wheels.WheelsError,
+    publish.PushError,
+    pin.PinError,
 )
 
 
@@ -41,11 +43,58 @@ def log(line: str) -> None:
     click.echo(line, err=True)
 
 
-def load():
-    try:
-        return matrix_mod.load()
-    except MatrixError as e:
-        fail(str(e), 2)
+def load() -> matrix_mod.Matrix:
+    """targets.yaml, read once per command (a MatrixError exits 2 through Cli.invoke)."""
+    meta = click.get_current_context().meta
+    if "matrix" not in meta:
+        meta["matrix"] = matrix_mod.load()
+    return meta["matrix"]
+
+
+class TargetName(click.ParamType):
+    """A target name or alias, resolved here, once: commands and the modules below them get the
+    canonical name. `all` stays as it is where the command takes it (see every_target)."""
+
+    name = "target"
+
+    def __init__(self, allow_all: bool = False):
+        self.allow_all = allow_all
+
+    def convert(self, value, param, ctx):
+        if self.allow_all and value == "all":
+            return value
+        try:
+            return load().resolve(value)
+        except MatrixError as e:
+            fail(str(e), 2)
+
+
+TARGET = TargetName()
+TARGETS = TargetName(allow_all=True)
+
+
+def every_target(m, names) -> list[str]:
+    return list(m.targets) if not names or "all" in names else list(dict.fromkeys(names))
+
+
+class Cli(click.Group):
+    """The one error handler: an expected failure is one line and a non-zero exit, never a
+    traceback (MatrixError: 2, the rest: 1); a failed build shows its last lines first."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except BuildFailed as e:
+            click.echo("\n".join(f"  | {line}" for line in e.tail), err=True)
+            fail(f"{e}\nno image was tagged")
+        except MatrixError as e:
+            fail(str(e), 2)
+        except EXPECTED as e:
+            fail(str(e))
+        except APIError as e:
+            # Whatever validation missed, the engine's refusal is one line, not a traceback.
+            reason = (e.explanation or str(e)).strip().splitlines()[0]
+            fail(f"the Docker engine refused: {reason}")
 
 
 def parse_build_args(pairs) -> dict[str, str]:
@@ -77,12 +126,7 @@ def registry_spec(ctx, param, value):
         fail(str(e), 2)
 
 
-def tiny_tag(m, name: str) -> str:
-    """Images that bake the tiny test tokenizer never carry the real tag."""
-    return f"{m.tag(name)}-tiny"
-
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=Cli, context_settings={"help_option_names": ["-h", "--help"]})
 def cli():
     """Build, run and inspect the gemma4-e2b images defined in targets.yaml."""
 
@@ -139,17 +183,14 @@ def stage_cmd(tokenizer_source):
     """Put what the Dockerfiles COPY from .build/ in place: the upstream files serve flags name and
     each target's BOS tokenizer copy (needed by a plain `docker build` or `docker buildx bake`)."""
     m = load()
-    try:
-        for path in upstream.stage(m):
-            click.echo(path)
-        for name in m.targets:
-            click.echo(tokenizer_copy.stage(m, name, tokenizer_source)[0])
-    except EXPECTED as e:
-        fail(str(e))
+    for path in upstream.stage(m):
+        click.echo(path)
+    for name in m.targets:
+        click.echo(tokenizer_copy.stage(m, name, tokenizer_source)[0])
 
 
 @cli.command()
-@click.argument("targets", nargs=-1, required=True)
+@click.argument("targets", nargs=-1, required=True, type=TARGETS)
 @click.option("--base-image", callback=reference, help="Build on this image instead of the target's base.")
 @click.option("--tag", callback=reference, help="Tag to apply (default gemma4-e2b:<target>-v<vllm>); one target only.")
 @click.option("--no-cache", is_flag=True)
@@ -170,11 +211,7 @@ def stage_cmd(tokenizer_source):
 def build(targets, base_image, tag, no_cache, dry_run, build_args, tokenizer_source, tiny, verbose):
     """Build TARGETS (names or aliases; `all` for every target)."""
     m = load()
-    names = list(m.targets) if targets == ("all",) else []
-    try:
-        names = names or [m.resolve(t) for t in targets]
-    except MatrixError as e:
-        fail(str(e), 2)
+    names = every_target(m, targets)
     if tag and len(names) > 1:
         fail("--tag names one image; give one target", 2)
     extra = parse_build_args(build_args)
@@ -188,30 +225,24 @@ def build(targets, base_image, tag, no_cache, dry_run, build_args, tokenizer_sou
         for name in names:
             click.echo(images.dry_run(m, name, base_image, tag, no_cache, tokenizer_source, extra))
         return
-    try:
-        client = connect()
-        for name in names:
-            built = images.build_target(
-                client,
-                m,
-                name,
-                base_override=base_image,
-                nocache=no_cache,
-                tag=tag or (tiny_tag(m, name) if tiny else None),
-                tokenizer_source=tokenizer_source,
-                extra_args=extra,
-                log=log,
-                verbose=verbose,
-            )
-            click.echo(built)
-    except BuildFailed as e:
-        click.echo("\n".join(f"  | {line}" for line in e.tail), err=True)
-        fail(f"{e}\nno image was tagged")
-    except EXPECTED as e:
-        fail(str(e))
+    client = connect()
+    for name in names:
+        built = images.build_target(
+            client,
+            m,
+            name,
+            base_override=base_image,
+            nocache=no_cache,
+            tag=tag or (m.tiny_tag(name) if tiny else None),
+            tokenizer_source=tokenizer_source,
+            extra_args=extra,
+            log=log,
+            verbose=verbose,
+        )
+        click.echo(built)
 
 
-@cli.command()
+@cli.command("pin")
 @click.argument("targets", nargs=-1)
 @click.option(
     "--check",
@@ -226,17 +257,13 @@ def build(targets, base_image, tag, no_cache, dry_run, build_args, tokenizer_sou
     show_default="targets.yaml",
     help="The targets file to read and edit.",
 )
-def pin(targets, check, path):
+def pin_cmd(targets, check, path):
     """Record each base image's registry digest in targets.yaml (TARGETS, default all; Gaudi's
     stage-1 image for gaudi2), keeping its comments and layout; builds then pull image@digest."""
-    from gemma4_images import pin as pin_mod
-
-    try:
-        m = matrix_mod.load(path)
-        names = [m.resolve(t) for t in targets] if targets and targets != ("all",) else list(m.targets)
-    except MatrixError as e:
-        fail(str(e), 2)
-    results = pin_mod.resolve(pin_mod.bases(m, names))
+    # TARGETS are names in --file, which may not be targets.yaml: resolved here, not by TargetName.
+    m = matrix_mod.load(path)
+    names = every_target(m, [t if t == "all" else m.resolve(t) for t in targets])
+    results = pin.resolve(pin.bases(m, names))
     for r in results:
         click.echo(r.line())
     unresolved = [r for r in results if r.state in ("error", "missing")]
@@ -251,10 +278,7 @@ def pin(targets, check, path):
                 "check the new images, then run `python build.py pin` to pin them"
             )
         return
-    try:
-        changed = pin_mod.write(path, {r.base.image: r.digest for r in results if r.state in ("moved", "unpinned")})
-    except pin_mod.PinError as e:
-        fail(str(e))
+    changed = pin.write(path, {r.base.image: r.digest for r in results if r.state in ("moved", "unpinned")})
     click.echo(
         f"pinned {len(changed)} base(s) in {path}" if changed else f"{path} already pins every digest it could resolve"
     )
@@ -266,23 +290,24 @@ def pin(targets, check, path):
 
 
 @cli.command()
-@click.argument("target")
+@click.argument("target", type=TARGET)
 @click.option("--no-cache", is_flag=True)
 def base(target, no_cache):
     """Build TARGET's local stand-in base with no registry (Debian packages + a host wheelhouse)."""
+    click.echo(images.build_local_base(connect(), load(), target, log, nocache=no_cache))
+
+
+@cli.command("tag")
+@click.argument("target", type=TARGET)
+@click.option("--tiny", is_flag=True, help="The tag of the image that bakes the tiny test model's tokenizer.")
+def tag_cmd(target, tiny):
+    """Print TARGET's image tag (what `build` tags and `smoke`, `run` and `push` use)."""
     m = load()
-    try:
-        name = m.resolve(target)
-        click.echo(images.build_local_base(connect(), m, name, log, nocache=no_cache))
-    except BuildFailed as e:
-        click.echo("\n".join(f"  | {line}" for line in e.tail), err=True)
-        fail(f"{e}\nno image was tagged")
-    except EXPECTED as e:
-        fail(str(e))
+    click.echo(m.tiny_tag(target) if tiny else m.tag(target))
 
 
 @cli.command(context_settings={"ignore_unknown_options": True})
-@click.argument("target")
+@click.argument("target", type=TARGET)
 @click.option("--image", callback=reference, help="Image to run (default: the target's tag).")
 @click.option("--print", "print_only", is_flag=True, help="Print the `docker run` line and stop.")
 @click.option(
@@ -297,10 +322,6 @@ def base(target, no_cache):
 def run(target, image, print_only, env, vllm_args):
     """Run TARGET's image with the recipe's device flags; VLLM_ARGS are appended to the launch."""
     m = load()
-    try:
-        m.resolve(target)
-    except MatrixError as e:
-        fail(str(e), 2)
     env_map = parse_build_args(env)
     line = running.run_line(m, target, image, env_map, list(vllm_args))
     if print_only:
@@ -312,7 +333,7 @@ def run(target, image, print_only, env, vllm_args):
 
 
 @cli.command()
-@click.argument("target")
+@click.argument("target", type=TARGET)
 @click.option("--image", callback=reference, help="Image to test (default: the target's tag).")
 @click.option("--model", help="Hub id, or a local folder mounted into the container.")
 @click.option(
@@ -326,15 +347,9 @@ def smoke(target, image, model, tiny, report):
     Exit 3 when this machine lacks the target's accelerator (the tier is skipped, not passed)."""
     from gemma4_images import smoke as smoke_mod
 
-    m = load()
-    try:
-        name = m.resolve(target)
-        client = connect()
-    except MatrixError as e:
-        fail(str(e), 2)
-    except EXPECTED as e:
-        fail(str(e))
-    missing = smoke_mod.device_missing(client, m.families[m.targets[name].family].accelerator)
+    m, name = load(), target
+    client = connect()
+    missing = running.device_missing(client, m.families[m.targets[name].family].present)
     if missing:
         click.echo(f"SKIPPED {name}: {missing}")
         sys.exit(3)
@@ -347,7 +362,7 @@ def smoke(target, image, model, tiny, report):
         from testkit import exchanges, trained
 
         model, script = str(trained.ensure()), exchanges.EXCHANGES
-    image = image or (tiny_tag(m, name) if tiny else m.tag(name))
+    image = image or (m.tiny_tag(name) if tiny else m.tag(name))
     if local_image(client, image) is None:
         fail(f"no local image {image}; build it first (`python build.py build {name}{' --tiny' if tiny else ''}`)")
     result = smoke_mod.run_smoke(client, m, name, image=image, model=model, script=script, log=log)
@@ -368,7 +383,7 @@ def smoke(target, image, model, tiny, report):
 
 
 @cli.command()
-@click.argument("targets", nargs=-1, required=True)
+@click.argument("targets", nargs=-1, required=True, type=TARGET)
 @click.option("--registry", required=True, metavar="HOST[:PORT]/NAMESPACE", callback=registry_spec)
 @click.option("--image", callback=reference, help="Local image to push (one target only; default: the target's tag).")
 @click.option("--moving-tag", is_flag=True, help="Also move the plain <target> tag.")
@@ -376,35 +391,26 @@ def smoke(target, image, model, tiny, report):
 @click.option("--allow-dirty", is_flag=True, help="Push an image built from uncommitted changes.")
 def push(targets, registry, image, moving_tag, skip_smoke, allow_dirty):
     """Tag and push TARGETS' images; prints each digest and records them in reports/pushed.json."""
-    from gemma4_images import publish
-
-    m = load()
     if image and len(targets) > 1:
         fail("--image names one image; give one target", 2)
-    try:
-        names = [m.resolve(t) for t in targets]
-    except MatrixError as e:
-        fail(str(e), 2)
-    try:
-        entries = publish.push(
-            connect(),
-            m,
-            names,
-            registry,
-            moving_tag=moving_tag,
-            skip_smoke=skip_smoke,
-            allow_dirty=allow_dirty,
-            sources={names[0]: image} if image else None,
-            log=log,
-        )
-    except (publish.PushError, *EXPECTED) as e:
-        fail(str(e))
+    names = list(dict.fromkeys(targets))
+    entries = publish.push(
+        connect(),
+        load(),
+        names,
+        registry,
+        moving_tag=moving_tag,
+        skip_smoke=skip_smoke,
+        allow_dirty=allow_dirty,
+        sources={names[0]: image} if image else None,
+        log=log,
+    )
     for entry in entries:
         click.echo(f"{entry['repository']}@{entry['digest']}")
 
 
 @cli.command()
-@click.argument("target")
+@click.argument("target", type=TARGET)
 @click.option("--replicas", default=1, show_default=True)
 @click.option("--image", callback=reference, help="Image reference (default: the last pushed digest, else the tag).")
 @click.option("--pvc", default="gemma4-e2b-hf-cache", show_default=True, help="Claim for the HF cache.")
@@ -413,13 +419,8 @@ def push(targets, registry, image, moving_tag, skip_smoke, allow_dirty):
 def k8s(target, replicas, image, pvc, no_pvc, secret):
     """Print a Kubernetes Deployment + Service for TARGET."""
     from gemma4_images import k8s as k8s_mod
-    from gemma4_images import publish
 
-    m = load()
-    try:
-        name = m.resolve(target)
-    except MatrixError as e:
-        fail(str(e), 2)
+    m, name = load(), target
     click.echo(
         k8s_mod.render_k8s(
             m,
@@ -437,15 +438,12 @@ def k8s(target, replicas, image, pvc, no_pvc, secret):
 @click.argument("image", callback=reference)
 def inspect(image):
     """Labels, healthcheck and /etc/gemma4-e2b/build.json of a local IMAGE."""
-    try:
-        client = connect()
-        img = local_image(client, image)
-        if img is None:
-            fail(f"no local image {image!r}; build it first (`python build.py build <target>`)")
-        info = running.describe(img)
-        info["build.json"] = running.build_json(client, image)
-    except EXPECTED as e:
-        fail(str(e))
+    client = connect()
+    img = local_image(client, image)
+    if img is None:
+        fail(f"no local image {image!r}; build it first (`python build.py build <target>`)")
+    info = running.describe(img)
+    info["build.json"] = running.build_json(client, image)
     click.echo(json.dumps(info, indent=2))
 
 
@@ -476,10 +474,7 @@ def bench_cmd(skip_build, skip_serving, skip_startup, skip_load, with_base):
             startup=not skip_startup,
             load=not skip_load,
         )
-    except BuildFailed as e:
-        click.echo("\n".join(f"  | {line}" for line in e.tail), err=True)
-        fail(f"{e}\nno image was tagged")
-    except (RuntimeError, *EXPECTED) as e:
+    except RuntimeError as e:  # a benchmark that could not measure what it set out to
         fail(str(e))
     build = results.get("build")
     if build and not all(s["layers_ok"] for s in build["scenarios"][1:]):
@@ -487,12 +482,7 @@ def bench_cmd(skip_build, skip_serving, skip_startup, skip_load, with_base):
 
 
 def main():
-    try:
-        cli()
-    except APIError as e:
-        # Whatever validation missed, the engine's refusal is one line, not a traceback.
-        reason = (e.explanation or str(e)).strip().splitlines()[0]
-        fail(f"the Docker engine refused: {reason}")
+    cli()
 
 
 if __name__ == "__main__":

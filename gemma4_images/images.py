@@ -61,9 +61,10 @@ def build_target(
     log=print,
     verbose=False,
     context=ROOT,
+    on_spec=None,
 ) -> str:
-    """Build name's image from the build context (the repository, or a copy of its image inputs)."""
-    name = matrix.resolve(name)
+    """Build name's image from the build context (the repository, or a copy of its image inputs).
+    on_spec, if given, sees the BuildSpec before the build (bench reports which build args moved)."""
     tag = tag or matrix.tag(name)
     upstream.stage(matrix, context / ".build" / "upstream")
     _, bos_copy_of = tokenizer_copy.stage(matrix, name, tokenizer_source, context / ".build" / "tokenizer")
@@ -85,6 +86,8 @@ def build_target(
             context=context,
             nocache=nocache,
         )
+        if on_spec:
+            on_spec(spec)
         log(f"building {tag} ({spec.dockerfile} on {base})")
         build(client, spec, log, verbose=verbose)
     return tag
@@ -94,7 +97,6 @@ def dry_run(
     matrix: Matrix, name: str, base_override=None, tag=None, nocache=False, tokenizer_source=None, extra_args=None
 ) -> str:
     """The build as a command, without touching the engine (base digest shown as a placeholder)."""
-    name = matrix.resolve(name)
     target = matrix.targets[name]
     base = base_override or target.base.ref
     bos = (tokenizer_source or matrix.project.model) if target.bos_tokenizer else ""
@@ -115,7 +117,7 @@ def dry_run(
 
 
 def build_local_base(client, matrix: Matrix, name: str, log, nocache=False) -> str:
-    target = matrix.targets[matrix.resolve(name)]
+    target = matrix.targets[name]
     if not target.base.local:
         raise BaseUnavailable(
             f"{name} has no local stand-in base; only "

@@ -11,17 +11,6 @@ import yaml
 
 from .matrix import Matrix
 
-DEVICE_RESOURCE = {
-    "habana": "habana.ai/gaudi",
-    "nvidia": "nvidia.com/gpu",
-    "amd": "amd.com/gpu",
-    "tpu": "google.com/tpu",
-    "none": None,
-}
-# GKE labels its TPU nodes with the accelerator and topology; a pod lands on a TPU VM only through
-# them. E2B fits one chip: the smallest single-host VM of each generation, whose chips the pod
-# must request all of.
-TPU_NODES = {"trillium": ("tpu-v6e-slice", "1x1", 1), "ironwood": ("tpu7x", "2x2x1", 4)}
 # Not /root/.cache/huggingface as in `docker run`: /root is 0700 in the images, so a non-root pod
 # cannot reach it (measured). One path for every target, named by HF_HOME.
 HF_HOME = "/var/cache/huggingface"
@@ -38,38 +27,6 @@ GRACE_WHY = (
     "and exits 0: measured 1-3 s on the CPU tier during traffic, not yet on accelerators; raise it "
     "above --shutdown-timeout if you pass one"
 )
-
-# What each family's recipe needs from the kernel, and why; the reason is printed in the manifest.
-SECURITY = {
-    "none": (
-        "non-root",
-        "the CPU image serves as uid 2000 with no capabilities, no privilege and a "
-        "read-only root filesystem, /tmp on an emptyDir (measured); the recipe's --privileged is not "
-        "needed",
-    ),
-    "nvidia": (
-        "root",
-        "the recipe's --privileged exposes the GPUs to docker; here the NVIDIA device "
-        "plugin does that. Root, and a writable root filesystem: the vendor image is untested as "
-        "non-root and read-only (its CUDA, Triton and compile caches write under $HOME and /tmp)",
-    ),
-    "habana": (
-        "root+SYS_NICE",
-        "the Gaudi recipe adds SYS_NICE and is not privileged; the habana "
-        "runtime must be the node's default (--runtime=habana has no pod field). A writable root "
-        "filesystem: HPU graph and recipe caches are untested read-only",
-    ),
-    "amd": (
-        "privileged",
-        "the ROCm recipe runs privileged with SYS_ADMIN, SYS_PTRACE and seccomp "
-        "unconfined; kept until a run under the AMD device plugin proves it can go",
-    ),
-    "tpu": (
-        "privileged",
-        "the TPU recipe runs privileged, and GKE before 1.28 needs it for TPU "
-        "devices; kept until a TPU run proves it can go",
-    ),
-}
 
 
 class _Dumper(yaml.SafeDumper):
@@ -91,23 +48,13 @@ def quantity(docker_size: str) -> str:
     return number + {"": "", "b": "", "k": "Ki", "m": "Mi", "g": "Gi"}[unit.lower()]
 
 
-def _flag(flags: list[str], name: str) -> str | None:
-    for i, flag in enumerate(flags):
-        if flag == name and i + 1 < len(flags):
-            return flags[i + 1]
-        if flag.startswith(name + "="):
-            return flag.split("=", 1)[1]
-    return None
-
-
 def shm_size(matrix: Matrix, name: str) -> str:
     """/dev/shm as the recipe sizes it. --ipc=host (the host's /dev/shm, unbounded) is not given to
     pods: it shares the node's IPC namespace with every such pod; a memory-backed emptyDir as large
     as the recipes that do size it (16G) stands in. CPU: what its smoke tier measured, 1Gi at least."""
     t = matrix.targets[name]
-    given = _flag(t.run_flags, "--shm-size")
-    if given:
-        return quantity(given)
+    if t.run.shm_size:
+        return quantity(t.run.shm_size)
     if matrix.families[t.family].accelerator == "none":
         measured = quantity(t.smoke.shm_size or "1g")
         return measured if measured.endswith("Gi") and int(measured[:-2]) >= 1 else "1Gi"
@@ -116,23 +63,19 @@ def shm_size(matrix: Matrix, name: str) -> str:
 
 def _env(matrix: Matrix, name: str, secret: str) -> list[dict]:
     t = matrix.targets[name]
-    env = dict(t.env)
-    flags = t.run_flags
-    for flag, value in zip(flags, flags[1:]):
-        if flag == "-e" and "=" in value:
-            key, value = value.split("=", 1)
-            # The device plugin sets which Gaudi the pod gets; "all" would override it.
-            if key != "HABANA_VISIBLE_DEVICES":
-                env[key] = value
+    family = matrix.families[t.family]
+    # The family's ENV (in the image too, spelled out here) and the recipe's `docker run -e` values,
+    # less those the device plugin sets per pod.
+    env = {**family.env, **{k: v for k, v in t.run.env.items() if k not in family.kubernetes.plugin_env}}
     out = [{"name": k, "value": v} for k, v in env.items()]
     out.append({"name": "HF_HOME", "value": HF_HOME})
     out.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret, "key": "token", "optional": True}}})
     return out
 
 
-def _security(accelerator: str) -> tuple[dict, dict]:
-    """(pod securityContext, container securityContext)."""
-    mode = SECURITY[accelerator][0]
+def _security(matrix: Matrix, name: str) -> tuple[dict, dict]:
+    """(pod securityContext, container securityContext), from the family's kubernetes.security."""
+    mode = _family(matrix, name).kubernetes.security.mode
     if mode == "non-root":
         # fsGroup makes the cache volume writable for the uid.
         return (
@@ -158,8 +101,7 @@ def _image(matrix: Matrix, name: str, image: str | None, digest: str | None) -> 
 
 def _container(matrix: Matrix, name: str, image: str, secret: str) -> dict:
     t = matrix.targets[name]
-    accelerator = matrix.families[t.family].accelerator
-    resource, port = DEVICE_RESOURCE[accelerator], matrix.project.port
+    resource, port = _family(matrix, name).kubernetes.device_resource, matrix.project.port
     health = {"httpGet": {"path": "/health", "port": HTTP}}
     return {
         "name": "vllm",
@@ -167,12 +109,12 @@ def _container(matrix: Matrix, name: str, image: str, secret: str) -> dict:
         "imagePullPolicy": "IfNotPresent",
         "ports": [{"name": HTTP, "containerPort": port}],
         "env": _env(matrix, name, secret),
-        **({"resources": {"limits": {resource: TPU_NODES.get(name, (None, None, 1))[2]}}} if resource else {}),
-        "securityContext": _security(accelerator)[1],
+        **({"resources": {"limits": {resource: t.kubernetes.devices}}} if resource else {}),
+        "securityContext": _security(matrix, name)[1],
         "volumeMounts": [
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": "hf-cache", "mountPath": HF_HOME},
-            *([{"name": "tmp", "mountPath": TMP}] if read_only(accelerator) else []),
+            *([{"name": "tmp", "mountPath": TMP}] if read_only(matrix, name) else []),
         ],
         # Warm-up (download, load, compile) gets the target's whole budget before liveness counts.
         "startupProbe": {
@@ -192,14 +134,17 @@ def _container(matrix: Matrix, name: str, image: str, secret: str) -> dict:
     }
 
 
-def read_only(accelerator: str) -> bool:
-    return bool(_security(accelerator)[1].get("readOnlyRootFilesystem"))
+def read_only(matrix: Matrix, name: str) -> bool:
+    return bool(_security(matrix, name)[1].get("readOnlyRootFilesystem"))
+
+
+def _family(matrix: Matrix, name: str):
+    return matrix.families[matrix.targets[name].family]
 
 
 def _pod(matrix: Matrix, name: str, container: dict, pvc: str | None) -> dict:
     t = matrix.targets[name]
-    accelerator = matrix.families[t.family].accelerator
-    pod_sc = _security(accelerator)[0]
+    pod_sc = _security(matrix, name)[0]
     cache = {"persistentVolumeClaim": {"claimName": pvc}} if pvc else {"emptyDir": {}}
     return {
         # SIGTERM ends the requests in flight with a 503 (shutdown-ends-requests) and vLLM exits;
@@ -209,29 +154,19 @@ def _pod(matrix: Matrix, name: str, container: dict, pvc: str | None) -> dict:
         # set VLLM_PORT, which vLLM reads as its own setting and fails on.
         "enableServiceLinks": False,
         **({"securityContext": pod_sc} if pod_sc else {}),
-        **(
-            {
-                "nodeSelector": {
-                    "cloud.google.com/gke-tpu-accelerator": TPU_NODES[name][0],
-                    "cloud.google.com/gke-tpu-topology": TPU_NODES[name][1],
-                }
-            }
-            if name in TPU_NODES
-            else {}
-        ),
+        **({"nodeSelector": dict(t.kubernetes.node_selector)} if t.kubernetes.node_selector else {}),
         "containers": [container],
         "volumes": [
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size(matrix, name)}},
             {"name": "hf-cache", **cache},
-            *([{"name": "tmp", "emptyDir": {}}] if read_only(accelerator) else []),
+            *([{"name": "tmp", "emptyDir": {}}] if read_only(matrix, name) else []),
         ],
     }
 
 
 def _header(matrix: Matrix, name: str, pvc: str | None, secret: str) -> str:
     t = matrix.targets[name]
-    accelerator = matrix.families[t.family].accelerator
-    resource = DEVICE_RESOURCE[accelerator]
+    resource = _family(matrix, name).kubernetes.device_resource
     needs = (
         ([f"the {resource} device plugin"] if resource else [])
         + ([f"PersistentVolumeClaim {pvc} (ReadWriteMany for more than one replica)"] if pvc else [])
@@ -240,7 +175,7 @@ def _header(matrix: Matrix, name: str, pvc: str | None, secret: str) -> str:
     notes = [
         f"{matrix.project.image}-{name}: {matrix.project.model} on vLLM {matrix.project.vllm_version} ({t.hardware}).",
         "Generated by `python build.py k8s`. Needs: " + "; ".join(needs) + ".",
-        f"securityContext: {SECURITY[accelerator][1]}.",
+        f"securityContext: {_family(matrix, name).kubernetes.security.why}.",
         f"terminationGracePeriodSeconds: {t.shutdown_grace_s} ({GRACE_WHY}).",
         f"/dev/shm: {shm_size(matrix, name)} in memory ({_shm_reason(matrix, name)}).",
     ]
@@ -251,7 +186,7 @@ def _header(matrix: Matrix, name: str, pvc: str | None, secret: str) -> str:
 
 def render_k8s(
     matrix: Matrix,
-    target: str,
+    name: str,
     replicas: int = 1,
     image: str | None = None,
     digest: str | None = None,
@@ -261,10 +196,9 @@ def render_k8s(
 ) -> str:
     """Deployment + Service (multi-document YAML). image may already be repo@digest (from
     reports/pushed.json); hf_cache_pvc=None keeps the cache in the pod (an emptyDir)."""
-    name = matrix.resolve(target)
     app = f"{matrix.project.image}-{name}"
     labels = {"app.kubernetes.io/name": matrix.project.image, "app.kubernetes.io/instance": app}
-    on_device = DEVICE_RESOURCE[matrix.families[matrix.targets[name].family].accelerator] is not None
+    on_device = _family(matrix, name).kubernetes.device_resource is not None
     container = _container(matrix, name, _image(matrix, name, image, digest), hf_token_secret)
     deployment = {
         "apiVersion": "apps/v1",
@@ -293,9 +227,9 @@ def render_k8s(
 
 
 def _shm_reason(matrix: Matrix, name: str) -> str:
-    flags = matrix.targets[name].run_flags
-    if _flag(flags, "--shm-size"):
-        return f"the recipe's --shm-size {_flag(flags, '--shm-size')}"
+    given = matrix.targets[name].run.shm_size
+    if given:
+        return f"the recipe's --shm-size {given}"
     host_ipc = "the recipe's --ipc=host is not given to pods"
     if matrix.families[matrix.targets[name].family].accelerator == "none":
         return f"{host_ipc}; what the CPU smoke tier needs, 1Gi at least"

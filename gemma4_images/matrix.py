@@ -48,8 +48,35 @@ class UpstreamFile(Strict):
     member: str
 
 
+class Present(Strict):
+    """How `smoke` tells that the device is there before it starts a container: a container runtime
+    docker knows, or a device path (any of the globs matching)."""
+
+    docker_runtime: str | None = None
+    paths: list[str] = []
+
+
+class Security(Strict):
+    mode: Literal["non-root", "root", "root+SYS_NICE", "privileged"]
+    why: str
+
+
+class FamilyKubernetes(Strict):
+    """How a pod gets what `docker run` gives the container."""
+
+    device_resource: str | None = None  # the device plugin's extended resource
+    # Env the recipe's `docker run` sets that a device plugin sets per pod instead.
+    plugin_env: list[str] = []
+    security: Security
+
+
 class Family(Strict):
     accelerator: Literal["habana", "nvidia", "amd", "none", "tpu"]
+    about: str  # the head comment of Dockerfile.<family>
+    # Rendered into Dockerfile.<family> as ENV, so it is one value for every target of the family.
+    env: dict[str, str] = {}
+    present: Present = Present()
+    kubernetes: FamilyKubernetes
 
 
 class Image(Strict):
@@ -119,6 +146,31 @@ class Smoke(Strict):
     user: str | None = None
 
 
+class Run(Strict):
+    """The recipe's `docker run` options as data: running.docker_flags writes the command line,
+    running.sdk_kwargs the Docker SDK's arguments, k8s the pod spec, all from these fields."""
+
+    runtime: str | None = None
+    gpus: str | None = None
+    env: dict[str, str] = {}  # set to these values
+    pass_env: list[str] = []  # passed through from the caller's environment (`-e NAME`)
+    privileged: bool = False
+    cap_add: list[str] = []
+    devices: list[str] = []
+    group_add: list[str] = []
+    security_opt: list[str] = []
+    ipc: str | None = None
+    network: str | None = None
+    shm_size: str | None = None
+    volumes: dict[str, str] = {}  # host path: container path
+    publish: list[str] = []
+
+
+class TargetKubernetes(Strict):
+    node_selector: dict[str, str] = {}
+    devices: int = 1  # how many of the family's device_resource the pod requests
+
+
 class Fixes(Strict):
     profile: str
     opt_in: list[str] = []
@@ -130,11 +182,11 @@ class Target(Strict):
     base: Image
     stage1: Stage1 | None = None
     aliases: list[str] = []
-    env: dict[str, str] = {}
     serve: Serve
     guards: Guards = Guards()
     notes: list[str] = []
-    run_flags: list[str]
+    run: Run
+    kubernetes: TargetKubernetes = TargetKubernetes()
     startup_budget_s: int
     recipe_launch: str
     smoke: Smoke = Smoke()
@@ -198,17 +250,11 @@ class Matrix(Strict):
                         f"targets.{name}.fixes.opt_in: {', '.join(unknown)} not opt-in fixes of "
                         f"{t.fixes.profile}; those are {', '.join(profile['opt_in'])}"
                     )
-        for fam in self.families:
-            envs = {tuple(sorted(t.env.items())) for t in self.targets.values() if t.family == fam}
-            if len(envs) > 1:
-                raise ValueError(
-                    f"families.{fam}: its targets set different env; env is rendered "
-                    "into Dockerfile." + fam + ", so it must be the same for the family"
-                )
         return self
 
     # -- lookups -----------------------------------------------------------------------------
 
+    # Lookups below take a target's own name; the CLI resolves aliases once, at its boundary.
     def resolve(self, name: str) -> str:
         """Target name for a name or alias, or a MatrixError listing the valid ones."""
         if name in self.targets:
@@ -220,14 +266,17 @@ class Matrix(Strict):
         raise MatrixError(f"unknown target {name!r}; valid targets: {valid}")
 
     def tag(self, name: str) -> str:
-        return f"{self.project.image}:{self.resolve(name)}-v{self.project.vllm_version}"
+        return f"{self.project.image}:{name}-v{self.project.vllm_version}"
+
+    def tiny_tag(self, name: str) -> str:
+        """Images that bake the tiny test model's tokenizer never carry the real tag."""
+        return f"{self.tag(name)}-tiny"
 
     def family_targets(self, family: str) -> list[str]:
         return [n for n, t in self.targets.items() if t.family == family]
 
     def recipe(self, name: str) -> dict:
         """What the image's entrypoint needs to build the launch: baked as /etc/gemma4-e2b/recipe.json."""
-        name = self.resolve(name)
         t = self.targets[name]
         features = {
             f: t.serve.features.get(f, flags)
@@ -266,7 +315,7 @@ class Matrix(Strict):
 
     def fixes(self, name: str) -> list[str]:
         """The fixes the target's image carries, in the pack's order."""
-        t = self.targets[self.resolve(name)]
+        t = self.targets[name]
         if not t.fixes:
             return []
         profile = load_profile(t.fixes.profile)
@@ -275,7 +324,6 @@ class Matrix(Strict):
     def recipe_launch(self, name: str) -> list[str]:
         """The recipe's launch as written in the seeds, with the baked tokenizer's path where the
         target bakes the BOS copy (000 names its own /tmp path for it)."""
-        name = self.resolve(name)
         launch = shlex.split(self.targets[name].recipe_launch)
         return launch + ["--tokenizer", TOKENIZER_PATH] if self.targets[name].bos_tokenizer else launch
 

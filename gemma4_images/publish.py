@@ -165,9 +165,8 @@ def push(
     repo = repository(matrix, registry)
     plan = []
     # Every gate is checked before anything is pushed, so a refusal never leaves half a release.
-    for target in targets:
-        name = matrix.resolve(target)
-        source = (sources or {}).get(target) or (sources or {}).get(name) or matrix.tag(name)
+    for name in targets:
+        source = (sources or {}).get(name) or matrix.tag(name)
         image = local_image(client, source)
         if image is None:
             raise PushError(f"no local image {source}; build it first (`python build.py build {name}`)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import textwrap
 from pathlib import Path
 
 import jinja2
@@ -33,11 +34,12 @@ def render_all(matrix: Matrix) -> dict[str, str]:
         if not names:
             continue
         targets = [matrix.targets[n] for n in names]
-        out[dockerfile_name(family)] = env.get_template(f"{family}.Dockerfile.j2").render(
+        out[dockerfile_name(family)] = env.get_template("Dockerfile.j2").render(
             family=family,
+            about=textwrap.wrap(matrix.families[family].about, 98, break_on_hyphens=False),
             targets=names,
             default_base=targets[0].base.ref,
-            env=targets[0].env,
+            env=matrix.families[family].env,
             start_period=max(t.startup_budget_s for t in targets),
             # GEMMA4_TARGET is declared earlier, where the recipe file is chosen.
             build_args=[a for a in BUILD_FACTS.values() if a != "GEMMA4_TARGET"],

@@ -4,7 +4,6 @@ the way the recipe promises. Used by `build.py smoke` and by the test suite."""
 from __future__ import annotations
 
 import base64
-import glob
 import json
 import os
 import re
@@ -23,6 +22,7 @@ os.environ.setdefault("TC_HOST", "127.0.0.1")
 
 from testcontainers.core.container import DockerContainer  # noqa: E402
 
+from . import running  # noqa: E402
 from .facts import BUILD_FACTS  # noqa: E402
 from .image_code import gemma4_serve  # noqa: E402
 from .matrix import Matrix  # noqa: E402
@@ -117,75 +117,6 @@ def http(method: str, url: str, body=None, raw: bytes | None = None, timeout=120
 def expect(condition: bool, expected: str, got) -> None:
     if not condition:
         raise CheckFailed(f"expected {expected}; got {str(got)[:300]}")
-
-
-def device_missing(client, accelerator: str) -> str | None:
-    """Why this machine cannot run the accelerator's tier, or None when it can."""
-    runtimes = set((client.info().get("Runtimes") or {}))
-    reasons = {
-        "habana": None if "habana" in runtimes else "habana container runtime not found in `docker info`",
-        "nvidia": None if "nvidia" in runtimes else "NVIDIA container runtime not found in `docker info`",
-        "amd": None if os.path.exists("/dev/kfd") else "/dev/kfd not found (no ROCm device)",
-        "tpu": None if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*") else "TPU not found (/dev/accel*)",
-        "none": None,
-    }
-    return reasons[accelerator]
-
-
-def run_kwargs(run_flags: list[str]) -> dict:
-    """targets.yaml's `docker run` device flags as Docker SDK keyword arguments."""
-    from docker.types import DeviceRequest
-
-    kw: dict = {"environment": {}}
-    flags = list(run_flags)
-    while flags:
-        flag = flags.pop(0)
-        key, _, value = flag.partition("=")
-        if (
-            key
-            in (
-                "-e",
-                "-v",
-                "-p",
-                "--gpus",
-                "--cap-add",
-                "--shm-size",
-                "--network",
-                "--device",
-                "--group-add",
-                "--security-opt",
-                "--runtime",
-                "--ipc",
-            )
-            and not value
-        ):
-            value = flags.pop(0)
-        if key == "--privileged":
-            kw["privileged"] = True
-        elif key == "--runtime":
-            kw["runtime"] = value
-        elif key == "--ipc":
-            kw["ipc_mode"] = value
-        elif key == "--gpus":
-            kw["device_requests"] = [DeviceRequest(count=-1, capabilities=[["gpu"]])]
-        elif key == "--cap-add":
-            kw.setdefault("cap_add", []).append(value)
-        elif key == "--device":
-            kw.setdefault("devices", []).append(f"{value}:{value}")
-        elif key == "--group-add":
-            kw.setdefault("group_add", []).append(value)
-        elif key == "--security-opt":
-            kw.setdefault("security_opt", []).append(value)
-        elif key == "--shm-size":
-            kw["shm_size"] = value
-        elif key == "-e":
-            name, _, val = value.partition("=")
-            kw["environment"][name] = val if _ else os.environ.get(name, "")
-        elif key == "-v":
-            host, container = value.split(":", 1)
-            kw.setdefault("volumes", {})[host] = {"bind": container, "mode": "rw"}
-        # -p and --network: smoke tests always use host networking on loopback.
-    return kw
 
 
 # -- the checks ----------------------------------------------------------------------------------
@@ -542,7 +473,7 @@ def planned_checks(matrix: Matrix, target: str, launch: list[str], scripted: boo
 def _container(matrix: Matrix, target: str, image: str, model: str | None, port: int, extra_args: list[str] = ()):
     """The container as targets.yaml says to run it, bound to 127.0.0.1:port, plus the model."""
     t = matrix.targets[target]
-    kw = run_kwargs(t.run_flags)
+    kw = running.sdk_kwargs(t.run)
     env = {**kw.pop("environment"), **t.smoke.env}
     args = [*t.smoke.args, "--host", "127.0.0.1", "--port", str(port), *extra_args]
     if t.smoke.shm_size:
@@ -593,7 +524,6 @@ def run_smoke(
     log=print,
 ) -> Report:
     """Start image, run every check that applies to target, always remove the container."""
-    target = matrix.resolve(target)
     image = image or matrix.tag(target)
     port = free_port()
     url = f"http://127.0.0.1:{port}"

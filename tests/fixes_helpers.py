@@ -42,7 +42,7 @@ import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-IMAGE = os.environ.get("GEMMA4_FIXES_IMAGE", "gemma4-e2b:xeon6-v0.30.0-tiny")  # conftest.cpu_image builds it
+IMAGE = os.environ.get("GEMMA4_FIXES_IMAGE", "")  # empty: the tag conftest.cpu_image builds (image())
 PACK = Path(os.environ.get("GEMMA4_FIXES_PACK", REPO / "patches"))
 PROFILE = "vllm-0.30.0"
 OPT_IN = ["gemma4-required-tool-grammar", "gemma4-buffered-tool-args"]
@@ -69,7 +69,6 @@ C_HELPERS, C_PACK, C_TOK, C_UPSTREAM, C_OUT, C_XGR021 = (
 
 # =============================================================== host side
 def cache_root() -> Path:
-    sys.path.insert(0, str(REPO))
     from gemma4_images.upstream import cache_dir
 
     return cache_dir()
@@ -114,24 +113,15 @@ def xgrammar_021(dest: Path) -> Path | None:
 
 
 def tokenizer_dir() -> Path:
-    sys.path.insert(0, str(REPO))
     from testkit import tiny_model
 
     return tiny_model.ensure()
 
 
-def image_available(image: str = IMAGE) -> str | None:
-    """None if the image can be used, else why not (for pytest.skip)."""
-    try:
-        sys.path.insert(0, str(REPO))
-        from gemma4_images.docker_build import connect, local_image
+def image() -> str:
+    from gemma4_images import matrix
 
-        client = connect()
-    except Exception as e:  # DockerUnavailable, or docker-py missing
-        return f"no Docker engine: {e}"
-    if local_image(client, image) is None:
-        return f"image {image} is not built (the CPU image: build.py build cpu, or set GEMMA4_FIXES_IMAGE)"
-    return None
+    return IMAGE or matrix.load().tiny_tag("xeon6")
 
 
 @functools.lru_cache(maxsize=None)
@@ -157,7 +147,7 @@ def observations() -> dict:
             volumes[str(xgr)] = {"bind": C_XGR021, "mode": "ro"}
         client = connect()
         client.containers.run(
-            IMAGE,
+            image(),
             ["python3", f"{C_HELPERS}/fixes_helpers.py", "drive"],
             entrypoint=[],
             volumes=volumes,

@@ -28,7 +28,7 @@ import sys
 import types
 import typing
 
-import gaudi_fixes_helpers as h
+from tests import gaudi_fixes_helpers as h
 
 RUNNER = "vllm_gaudi/v1/worker/hpu_model_runner.py"
 PATCHES = "vllm_gaudi/patches.py"

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from gemma4_images import matrix, smoke
+from gemma4_images import matrix, running, smoke
 from gemma4_images.docker_build import connect
 
 M = matrix.load()
@@ -17,7 +17,7 @@ DEVICE_TARGETS = [n for n, t in M.targets.items() if M.families[t.family].accele
 )
 def test_device_tier(name):
     client = connect()
-    missing = smoke.device_missing(client, M.families[M.targets[name].family].accelerator)
+    missing = running.device_missing(client, M.families[M.targets[name].family].present)
     if missing:
         pytest.skip(f"{name}: {missing}")
     if not os.environ.get("HF_TOKEN"):
@@ -35,12 +35,12 @@ def test_gaudi2_fast_prefill_matches_stock():
     from gemma4_images.bench import harness_json
 
     client = connect()
-    missing = smoke.device_missing(client, "habana")
+    missing = running.device_missing(client, M.families["gaudi"].present)
     if missing:
         pytest.skip(f"gaudi2: {missing}")
     if not os.environ.get("HF_TOKEN"):
         pytest.skip("gaudi2: HF_TOKEN is not set (the real model is gated on the hub)")
-    kw = smoke.run_kwargs(M.targets["gaudi2"].run_flags)
+    kw = running.sdk_kwargs(M.targets["gaudi2"].run)
     env = {**kw.pop("environment"), "HF_TOKEN": os.environ["HF_TOKEN"]}
     out = client.containers.run(
         M.tag("gaudi2"),

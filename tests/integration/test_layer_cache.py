@@ -18,7 +18,7 @@ def build_steps(client, m, base, context):
     images.build_target(
         client,
         m,
-        "cpu",
+        "xeon6",
         base_override=base,
         tokenizer_source=str(tiny_model.ensure()),
         tag="gemma4-e2b-test/xeon6:layers",

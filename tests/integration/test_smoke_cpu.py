@@ -107,7 +107,7 @@ def plain_server(client, m, cpu_image, tmp_path_factory):
     image = images.build_target(
         client,
         m,
-        "cpu",
+        "xeon6",
         tokenizer_source=str(tiny_model.ensure()),
         tag="gemma4-e2b-test/xeon6:unfixed",
         log=print,

@@ -1,15 +1,11 @@
 """The pure parts of the benchmarks: scoring, tables, build-log parsing, regression naming."""
 
 import json
-import sys
 
 import pytest
 
 from gemma4_images import bench
-from gemma4_images.matrix import ROOT
-
-sys.path.insert(0, str(ROOT / "image"))
-import gemma4_bench as h  # noqa: E402
+from gemma4_images.image_code import gemma4_bench as h
 
 LOG = """building gemma4-e2b-bench/xeon6:build (Dockerfile.cpu on base)
   Step 1/8 : ARG BASE_IMAGE=vllm/vllm-openai-cpu:v0.30.0-x86_64

@@ -60,7 +60,9 @@ def test_an_engine_refusal_validation_missed_is_one_line(monkeypatch, capsys):
     def refuse():
         raise APIError("400 Client Error", explanation="invalid reference format: repository name must be lowercase")
 
-    monkeypatch.setattr(module, "cli", refuse)
+    # Any command the engine refuses goes through the group's one handler.
+    monkeypatch.setattr(module, "connect", refuse)
+    monkeypatch.setattr(sys, "argv", ["build.py", "inspect", "gemma4-e2b:xeon6-v0.30.0"])
     with pytest.raises(SystemExit) as exit_:
         module.main()
     assert exit_.value.code == 1
@@ -83,7 +85,7 @@ def test_unreachable_daemon_is_one_clear_line(tmp_path):
         ("gaudi2", "--runtime=habana -e HABANA_VISIBLE_DEVICES=all --cap-add=sys_nice --ipc=host"),
         ("h100", "--gpus all --privileged --ipc=host"),
         ("mi300x", "--device=/dev/kfd --device=/dev/dri --group-add=video"),
-        ("trillium", "--privileged --network host --shm-size 16G -v /dev/shm:/dev/shm -e HF_TOKEN"),
+        ("trillium", "--privileged --network=host --shm-size=16G -v /dev/shm:/dev/shm -e HF_TOKEN"),
         ("cpu", "--privileged --ipc=host -p 8000:8000"),
     ],
 )
@@ -92,7 +94,8 @@ def test_run_print_has_the_family_device_flags(target, flags):
     assert r.returncode == 0
     assert flags in r.stdout
     assert "-v $HOME/.cache/huggingface:/root/.cache/huggingface" in r.stdout
-    assert r.stdout.strip().endswith(f"{matrix.load().tag(target)} --max-model-len 4096")
+    m = matrix.load()
+    assert r.stdout.strip().endswith(f"{m.tag(m.resolve(target))} --max-model-len 4096")
 
 
 def test_build_dry_run_names_dockerfile_args_and_tag():

@@ -28,16 +28,13 @@ Not run: the HPU kernels themselves, HPU graphs, warm-up itself, merged prefill.
 import contextlib
 import itertools
 import logging
-import os
 import random
-import sys
 import types
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import gaudi_fixes_helpers as h  # noqa: E402
-from gaudi_fixes_helpers import src  # noqa: E402,F401  (the checkout fixture)
+from tests import gaudi_fixes_helpers as h
+from tests.gaudi_fixes_helpers import src  # noqa: F401  (the checkout fixture)
 
 FIX = "gemma4-fast-prefill"
 RUNNER = "vllm_gaudi/v1/worker/hpu_model_runner.py"
@@ -728,7 +725,6 @@ def real_gemma4(src):
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
     from vllm.model_executor.model_loader.utils import process_weights_after_loading
 
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     from testkit import tiny_model
 
     cfg = VllmConfig(

@@ -5,15 +5,11 @@ the real InputBatch on CPU, and the runner's real step (tests/gaudi_runner.py) w
 symptom shows in the runner, upstream (the bug reproduces) and with the pack's fixes.
 """
 
-import os
-import sys
-
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import gaudi_fixes_helpers as h  # noqa: E402
-import gaudi_runner as gr  # noqa: E402
-from gaudi_fixes_helpers import src  # noqa: E402,F401  (the checkout fixture)
+from tests import gaudi_fixes_helpers as h
+from tests import gaudi_runner as gr
+from tests.gaudi_fixes_helpers import src  # noqa: F401  (the checkout fixture)
 
 PATH = "vllm_gaudi/v1/worker/hpu_input_batch.py"
 BATCH_FIXES = ["sampling-rows-refresh", "bad-words-index", "logitsprocs-rows"]  # the pack's fixes of this file

@@ -14,13 +14,9 @@ the real InputBatch on CPU with vLLM's real built-in processors and Sampler, and
 runner's real step (tests/gaudi_runner.py) for the call sites.
 """
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import gaudi_fixes_helpers as h  # noqa: E402
-import gaudi_runner as gr  # noqa: E402
-from gaudi_fixes_helpers import src  # noqa: E402,F401  (the checkout fixture)
+from tests import gaudi_fixes_helpers as h
+from tests import gaudi_runner as gr
+from tests.gaudi_fixes_helpers import src  # noqa: F401  (the checkout fixture)
 
 BATCH = "vllm_gaudi/v1/worker/hpu_input_batch.py"
 FIXED = ["sampling-rows-refresh", "bad-words-index", "logitsprocs-rows"]  # the pack's fixes of hpu_input_batch.py

@@ -7,12 +7,10 @@ import json
 import os
 import re
 import shutil
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import gaudi_fixes_helpers as h  # noqa: E402
+from tests import gaudi_fixes_helpers as h
 
 FIXES = h.gaudi_fixes()
 

@@ -16,15 +16,11 @@ patches.py executed as a module with the pack's fixes, its real apply() plugin h
 runner's real step (tests/gaudi_runner.py).
 """
 
-import os
-import sys
-
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import gaudi_fixes_helpers as h  # noqa: E402
-import gaudi_runner as gr  # noqa: E402
-from gaudi_fixes_helpers import src  # noqa: E402,F401  (the checkout fixture)
+from tests import gaudi_fixes_helpers as h
+from tests import gaudi_runner as gr
+from tests.gaudi_fixes_helpers import src  # noqa: F401  (the checkout fixture)
 
 PATCHES = "vllm_gaudi/patches.py"
 RUNNER = "vllm_gaudi/v1/worker/hpu_model_runner.py"

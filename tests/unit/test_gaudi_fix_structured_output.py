@@ -15,15 +15,12 @@ xgrammar): the runner's real step (tests/gaudi_runner.py), and the real apply_gr
 alone on CPU logits with xgrammar's CPU kernel (what it calls).
 """
 
-import os
-import sys
 import types
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import gaudi_fixes_helpers as h  # noqa: E402
-import gaudi_runner as gr  # noqa: E402
+from tests import gaudi_fixes_helpers as h
+from tests import gaudi_runner as gr
 
 RUNNER = "vllm_gaudi/v1/worker/hpu_model_runner.py"
 SOR = ["sampling-rows-refresh", "structured-output-rows"]

@@ -4,13 +4,15 @@ probe run for real against a local HTTP server."""
 
 import http.server
 import json
+import subprocess
+import sys
 import threading
 
 import kubernetes_validate
 import pytest
 import yaml
 
-from gemma4_images import k8s, matrix, publish
+from gemma4_images import k8s, matrix, publish, running
 from gemma4_images.image_code import gemma4_serve
 
 M = matrix.load()
@@ -69,10 +71,16 @@ def test_device_resource(target, resource, count):
     assert limits == ({resource: count} if resource else {})
 
 
-def test_every_target_has_a_device_rule():
-    for target in TARGETS:
-        accelerator = M.families[M.targets[target].family].accelerator
-        assert accelerator in k8s.DEVICE_RESOURCE and accelerator in k8s.SECURITY
+def test_the_pod_and_docker_run_come_from_the_same_run_fields():
+    # gaudi2: -e HABANA_VISIBLE_DEVICES=all is docker's; the device plugin sets it per pod.
+    assert "-e HABANA_VISIBLE_DEVICES=all" in " ".join(running.docker_flags(M.targets["gaudi2"].run))
+    assert running.sdk_kwargs(M.targets["gaudi2"].run)["environment"]["HABANA_VISIBLE_DEVICES"] == "all"
+    assert container("gaudi2")["securityContext"] == {"capabilities": {"add": ["SYS_NICE"]}}
+    kw = running.sdk_kwargs(M.targets["mi300x"].run)
+    assert kw["devices"] == ["/dev/kfd:/dev/kfd", "/dev/dri:/dev/dri"] and kw["shm_size"] == "16G"
+    assert kw["cap_add"] == ["CAP_SYS_ADMIN", "SYS_PTRACE"] and kw["privileged"] is True
+    assert [r.capabilities for r in running.sdk_kwargs(M.targets["h100"].run)["device_requests"]] == [[["gpu"]]]
+    assert pod("ironwood")["nodeSelector"]["cloud.google.com/gke-tpu-topology"] == "2x2x1"
 
 
 @pytest.mark.parametrize(
@@ -189,7 +197,7 @@ def test_hf_cache_on_a_named_claim_and_token_from_an_optional_secret():
 
 def test_env_from_targets_yaml_without_the_docker_only_device_setting():
     env = {e["name"]: e.get("value") for e in container("gaudi2")["env"]}
-    for key, value in M.targets["gaudi2"].env.items():
+    for key, value in M.families["gaudi"].env.items():
         assert env[key] == value
     assert "HABANA_VISIBLE_DEVICES" not in env
 
@@ -264,6 +272,11 @@ def test_no_service_links_into_vllm_env():
 
 
 def test_aliases_and_unknown_targets():
-    assert k8s.render_k8s(M, "cpu") == k8s.render_k8s(M, "xeon6")
-    with pytest.raises(matrix.MatrixError):
-        k8s.render_k8s(M, "h800")
+    def run(*args):
+        return subprocess.run(
+            [sys.executable, "build.py", "k8s", *args], cwd=matrix.ROOT, capture_output=True, text=True
+        )
+
+    assert run("cpu").stdout == run("xeon6").stdout != ""
+    r = run("h800")
+    assert r.returncode == 2 and r.stderr.startswith("error: unknown target 'h800'")

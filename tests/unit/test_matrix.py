@@ -66,7 +66,8 @@ def test_vllm_pinned_everywhere_with_release_tag_bases(real):
 
 def test_tags(real):
     assert real.tag("h100") == "gemma4-e2b:h100-v0.30.0"
-    assert real.tag("cpu") == "gemma4-e2b:xeon6-v0.30.0"
+    assert real.tag(real.resolve("cpu")) == "gemma4-e2b:xeon6-v0.30.0"
+    assert real.tiny_tag("xeon6") == "gemma4-e2b:xeon6-v0.30.0-tiny"
 
 
 def test_unknown_target_lists_valid_ones(real):
@@ -101,12 +102,14 @@ def test_recipe_launch_is_the_seed_text(real):
             "targets.h100.serve.default_features",
         ),
         (lambda d: d["targets"]["h100"].update(startup_budget_s="soon"), "targets.h100.startup_budget_s"),
-        (lambda d: d["targets"]["h100"].pop("run_flags"), "targets.h100.run_flags: Field required"),
+        (lambda d: d["targets"]["h100"].pop("run"), "targets.h100.run: Field required"),
+        (lambda d: d["targets"]["h100"]["run"].update(gpu="all"), "targets.h100.run.gpu: unknown key"),
         (lambda d: d["targets"]["mi300x"].update(aliases=["h100"]), "'h100' is already a target name"),
         (lambda d: d["targets"]["mi300x"].update(aliases=["all"]), "'all' is reserved (`build.py build all`"),
         (lambda d: d["features"].pop("reasoning"), "features"),
         (lambda d: d["project"].update(vllm_verison="0.30.0"), "project.vllm_verison: unknown key"),
-        (lambda d: d["targets"]["h200"].update(env={"X": "1"}), "families.cuda: its targets set different env"),
+        # env is the family's (rendered into its Dockerfile): a target cannot set its own.
+        (lambda d: d["targets"]["h200"].update(env={"X": "1"}), "targets.h200.env: unknown key"),
     ],
 )
 def test_schema_errors_name_the_field(tmp_path, raw, mutate, expected):

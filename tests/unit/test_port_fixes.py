@@ -12,13 +12,12 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from test_apply_all import edit, make_diff, ok, sha  # the applier tests' helpers (tests/unit is on the path)
 
 from gemma4_images.modules import load_file
 
 REPO = Path(__file__).resolve().parents[2]
 PORT = REPO / "scripts" / "port-fixes.py"
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_apply_all import edit, make_diff, ok, sha  # noqa: E402  (helpers of the applier's tests)
 
 X, Y = "vllm_gaudi/v1/worker/x.py", "vllm_gaudi/y.py"
 UPSTREAM = {X: "".join(f"x_{i} = {i}\n" for i in range(1, 41)), Y: "".join(f"y_{i} = {i}\n" for i in range(1, 21))}

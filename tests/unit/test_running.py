@@ -1,0 +1,54 @@
+"""A target's `run` fields (targets.yaml) as a `docker run` line, SDK arguments and a device check."""
+
+import shlex
+import types
+
+from gemma4_images import matrix, running
+
+M = matrix.load()
+
+
+def test_the_docker_line_round_trips_every_field():
+    run = matrix.Run(
+        runtime="habana",
+        gpus="all",
+        env={"A": "x y"},
+        pass_env=["HF_TOKEN"],
+        privileged=True,
+        cap_add=["SYS_NICE"],
+        devices=["/dev/kfd"],
+        group_add=["video"],
+        security_opt=["seccomp=unconfined"],
+        ipc="host",
+        network="host",
+        shm_size="16G",
+        volumes={"/dev/shm": "/dev/shm"},
+        publish=["8000:8000"],
+    )
+    line = shlex.join(running.docker_flags(run))
+    assert line == (
+        "--runtime=habana --gpus all -e 'A=x y' --privileged --cap-add=SYS_NICE --device=/dev/kfd "
+        "--group-add=video --security-opt=seccomp=unconfined --ipc=host --network=host --shm-size=16G "
+        "-v /dev/shm:/dev/shm -e HF_TOKEN -p 8000:8000"
+    )
+
+
+def test_sdk_kwargs_pass_named_env_from_the_caller(monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "from-the-caller")
+    kw = running.sdk_kwargs(M.targets["trillium"].run)
+    assert kw["environment"] == {"HF_TOKEN": "from-the-caller"}
+    assert kw["volumes"] == {"/dev/shm": {"bind": "/dev/shm", "mode": "rw"}} and kw["privileged"] is True
+    assert "network_mode" not in kw and "ports" not in kw  # the smoke tier serves on host loopback
+
+
+def test_device_missing_names_what_is_absent(tmp_path):
+    client = types.SimpleNamespace(info=lambda: {"Runtimes": {"runc": {}}})
+    assert "habana container runtime" in running.device_missing(client, M.families["gaudi"].present)
+    assert running.device_missing(client, M.families["cpu"].present) is None
+    (tmp_path / "accel0").touch()
+    assert running.device_missing(client, matrix.Present(paths=[str(tmp_path / "accel*")])) is None
+    assert (
+        running.device_missing(client, matrix.Present(paths=[str(tmp_path / "kfd")])) == f"no device at {tmp_path}/kfd"
+    )
+    with_habana = types.SimpleNamespace(info=lambda: {"Runtimes": {"habana": {}}})
+    assert running.device_missing(with_habana, M.families["gaudi"].present) is None
