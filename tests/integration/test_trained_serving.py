@@ -33,7 +33,7 @@ def serve_and_ask(client, m, image, extra_args) -> dict:
     container_id = container.get_wrapped_container().id
     try:
         try:
-            smoke._wait_healthy(container, url, m.targets[TARGET].startup_budget_s)
+            smoke.wait_healthy(container.get_wrapped_container(), url, m.targets[TARGET].startup_budget_s)
         except smoke.CheckFailed as e:
             tail = b"".join(container.get_logs()).decode(errors="replace").splitlines()[-40:]
             pytest.fail(f"{e}\n" + "\n".join(tail))
