@@ -88,7 +88,7 @@ def registry(client, tmp_path):
     proc, host = start_registry(tmp_path)
     yield f"{host}/gemma4-e2b-test"
     stop_registry(proc)
-    for img in client.images.list(name=f"{host}/gemma4-e2b-test/gemma4-e2b"):
+    for img in client.images.list():
         for tag in img.tags:
             if tag.startswith(f"{host}/"):  # the tags push made; the stand-ins keep theirs
                 client.images.remove(tag)
@@ -222,12 +222,14 @@ def test_a_tampered_signature_is_refused(client, m, registry, images, keys, tmp_
         Path(sig["signature"]).write_bytes(bytes(data))
     with pytest.raises(signing.SigningError) as refused:
         verify.verify(version_ref(entry), key=keys["public"], signatures=str(folder / "signatures"), log=print)
-    # One signature per tag of the digest, each refused.
-    reason = "Invalid GPG signature: the signature does not verify with that key"
-    assert str(refused.value) == (
-        f"{version_ref(entry)} refused: Source image rejected: None of the signatures were accepted, "
-        f"reasons: {'; '.join([reason] * len(entry['tags']))}"
-    )
+    # One signature per tag of the digest, each refused: GnuPG says "Invalid GPG signature" or,
+    # when the flipped byte breaks the packet framing, "No data".
+    message = str(refused.value)
+    head = f"{version_ref(entry)} refused: Source image rejected: None of the signatures were accepted, reasons: "
+    assert message.startswith(head) and "\n" not in message
+    reasons = message.removeprefix(head).split("; ")
+    assert len(reasons) == len(entry["tags"])
+    assert set(reasons) <= {"Invalid GPG signature: the signature does not verify with that key", "No data"}
 
 
 def test_a_signature_by_another_key_is_refused(client, m, registry, images, keys, tmp_path):
@@ -244,20 +246,47 @@ def test_an_attachment_replaced_without_the_key_is_refused(client, m, registry, 
     folder = reports(tmp_path / "reports", images[0])
     entry, _ = signed_push(client, m, registry, images[0], folder, keys)
     host, path = entry["repository"].split("/", 1)
-    forged = tmp_path / "forged.cdx.json"
-    forged.write_text('{"bomFormat": "CycloneDX", "components": []}\n')
-    attach.attach(host, path, entry["digest"], attach.Attachment(forged, attach.CYCLONEDX_JSON, "sbom"))
+    # The provenance (checked after the SBOM, which stays genuine) is swapped for an unsigned one.
+    forged = tmp_path / "forged.intoto.json"
+    forged.write_text('{"_type": "https://in-toto.io/Statement/v1", "subject": []}\n')
+    attach.attach(host, path, entry["digest"], attach.Attachment(forged, attach.IN_TOTO_JSON, "att"))
     out = tmp_path / "verified"
     with pytest.raises(signing.SigningError) as refused:
         verify.verify(
             version_ref(entry), key=keys["public"], signatures=str(folder / "signatures"), attachments_dir=out
         )
-    sbom_tag = attach.tag_for(entry["digest"], "sbom")
+    att_tag = attach.tag_for(entry["digest"], "att")
     assert str(refused.value) == (
-        f"{entry['repository']}:{sbom_tag} refused: Source image rejected: "
+        f"{entry['repository']}:{att_tag} refused: Source image rejected: "
         "A signature was required, but no signature exists"
     )
-    assert not out.exists()  # nothing written out from a refused check
+    assert not out.exists()  # not even the genuine SBOM is written out from a refused check
+
+
+def test_a_signed_attachment_for_another_image_is_refused(client, m, registry, images, keys, tmp_path):
+    """An attachment signed with the right key under this image's tag but naming another image as
+    its subject (a release mistake, or a replay) is refused by verify's subject check."""
+    folder = reports(tmp_path / "reports", images[0], with_files=False)
+    entry, _ = signed_push(client, m, registry, images[0], folder, keys)
+    (other,) = publish.push(
+        client, m, [TARGET], f"{registry}/other", sources={TARGET: images[1]}, skip_smoke=True, reports_dir=tmp_path
+    )
+    host, path = entry["repository"].split("/", 1)
+    sbom = attach.Attachment(tmp_path / "other.cdx.json", attach.CYCLONEDX_JSON, "sbom")
+    sbom.path.write_text('{"bomFormat": "CycloneDX"}\n')
+    registry_api.push_blob(host, path, attach.EMPTY_CONFIG)
+    registry_api.push_blob(host, path, sbom.path.read_bytes())
+    wrong = {"mediaType": attach.OCI_MANIFEST, "digest": other["digest"], "size": 1}
+    tag = attach.tag_for(entry["digest"], "sbom")
+    digest = registry_api.put_manifest(
+        host, path, tag, attach.manifest_for(sbom, sbom.path.read_bytes(), wrong), attach.OCI_MANIFEST
+    )
+    signing.sign(host, path, tag, digest, keys["fpr"], folder / "signatures")
+    with pytest.raises(signing.SigningError) as refused:
+        verify.verify(version_ref(entry), key=keys["public"], signatures=str(folder / "signatures"))
+    assert str(refused.value) == (
+        f"{entry['repository']}:{tag} refused: it is signed but attached to {other['digest']}, not {entry['digest']}"
+    )
 
 
 def test_a_push_without_the_files_attaches_nothing_and_says_so(client, m, registry, images, tmp_path):
