@@ -15,8 +15,12 @@ from . import registry as registry_api
 
 def policy_file(ref: str, key: Path | None, policy: Path | None, folder: Path) -> Path:
     """The policy to enforce: the one given, or one requiring key for ref's repository."""
-    if (key is None) == (policy is None):
-        raise signing.SigningError("give the public key (--key FILE) or a policy (--policy FILE), not both")
+    if key is None and policy is None:
+        raise signing.SigningError(
+            "nothing to verify against: give the public key (--key FILE) or a policy (--policy FILE)"
+        )
+    if key is not None and policy is not None:
+        raise signing.SigningError("--key and --policy both given: the policy names its keys itself; give one")
     if policy is not None:
         return Path(policy)
     host, repository, _ = registry_api.split_reference(ref)
@@ -42,6 +46,11 @@ def verify(
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         enforced = policy_file(ref, key, policy, tmp)
+        signing.skopeo()
+        try:
+            registry_api.check(host)
+        except registry_api.RegistryUnavailable as e:
+            raise signing.SigningError(f"cannot verify {ref}: {e}") from None
         digest = signing.policy_copy(ref, enforced, signatures, tmp / "image")
         log(f"{ref}: signature accepted by {enforced if policy else 'the policy for ' + str(key)} ({digest})")
         found = []
