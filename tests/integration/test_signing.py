@@ -164,6 +164,24 @@ def test_signed_push_attaches_records_and_verifies(client, m, registry, images, 
     }
 
 
+def test_build_py_push_signs_and_attaches_from_the_command_line(registry, images, keys, tmp_path):
+    """The options as a release job passes them: the key from the environment, reports/ in its cwd."""
+    reports(tmp_path / "reports", images[0])
+    env = {**os.environ, "GEMMA4_SIGN_BY": keys["fpr"]}
+    run = subprocess.run(
+        [sys.executable, str(matrix.ROOT / "build.py"), "push", TARGET, "--image", images[0], "--registry", registry],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stderr
+    (entry,) = json.loads((tmp_path / "reports" / "pushed.json").read_text())
+    assert run.stdout.strip().splitlines()[-1] == f"{entry['repository']}@{entry['digest']}"
+    assert len(entry["attachments"]) == 2 and len(entry["signatures"]) == len(entry["tags"]) + 2
+    assert all((tmp_path / s["signature"]).is_file() for s in entry["signatures"])  # reports/signatures/…
+
+
 def test_pushing_again_signs_nothing_twice(client, m, registry, images, keys, tmp_path):
     folder = reports(tmp_path / "reports", images[0])
     first, _ = signed_push(client, m, registry, images[0], folder, keys)
@@ -304,36 +322,30 @@ def test_a_push_without_the_files_attaches_nothing_and_says_so(client, m, regist
     assert f"{entry['repository']}: not signed (no --sign-by key)" in logs
 
 
-def test_an_attachment_older_than_the_image_is_refused_before_any_push(client, m, registry, images, tmp_path):
+@pytest.mark.parametrize("case", ["attachment older than the image", "unknown signing key"])
+def test_refused_before_anything_is_pushed(client, m, registry, images, keys, tmp_path, case):
     folder = reports(tmp_path / "reports", images[0])
     sbom = folder / f"sbom-{TARGET}.cdx.json"
-    os.utime(sbom, (0, 0))
-    with pytest.raises(publish.PushError) as refused:
-        publish.push(client, m, [TARGET], registry, sources={TARGET: images[0]}, reports_dir=folder, log=print)
-    assert str(refused.value) == (
-        f"refusing to push {images[0]}: {sbom} was written before the image was built; "
-        "regenerate it for this image (or remove it to push without it)"
-    )
-    host, path = f"{registry}/gemma4-e2b".split("/", 1)
-    assert registry_api.manifest_digest(host, path, "xeon6-v0.30.0") is None
-
-
-def test_an_unknown_signing_key_is_refused_before_any_push(client, m, registry, images, keys, tmp_path):
-    folder = reports(tmp_path / "reports", images[0], with_files=False)
-    with pytest.raises(publish.PushError) as refused:
-        publish.push(
-            client,
-            m,
-            [TARGET],
-            registry,
-            sources={TARGET: images[0]},
-            reports_dir=folder,
-            sign_by="nobody@nowhere.invalid",
+    if case == "attachment older than the image":
+        os.utime(sbom, (0, 0))
+        sign_by, expected = (
+            None,
+            (
+                f"refusing to push {images[0]}: {sbom} was written before the image was built; "
+                "regenerate it for this image (or remove it to push without it)"
+            ),
         )
-    assert str(refused.value) == (
-        f"--sign-by nobody@nowhere.invalid: GnuPG has no secret key for it in {keys['home']}; import the "
-        "signing key there (or set GNUPGHOME to the home that holds it)"
-    )
+    else:
+        sign_by, expected = (
+            "nobody@nowhere.invalid",
+            (
+                f"--sign-by nobody@nowhere.invalid: GnuPG has no secret key for it in {keys['home']}; import the "
+                "signing key there (or set GNUPGHOME to the home that holds it)"
+            ),
+        )
+    with pytest.raises(publish.PushError) as refused:
+        publish.push(client, m, [TARGET], registry, sources={TARGET: images[0]}, reports_dir=folder, sign_by=sign_by)
+    assert str(refused.value) == expected
     host, path = f"{registry}/gemma4-e2b".split("/", 1)
     assert registry_api.manifest_digest(host, path, "xeon6-v0.30.0") is None
 
