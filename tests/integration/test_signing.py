@@ -182,6 +182,24 @@ def test_build_py_push_signs_and_attaches_from_the_command_line(registry, images
     assert all((tmp_path / s["signature"]).is_file() for s in entry["signatures"])  # reports/signatures/…
 
 
+def test_verify_copies_only_an_accepted_image_on(client, m, registry, images, keys, tmp_path):
+    folder = reports(tmp_path / "reports", images[0], with_files=False)
+    entry, _ = signed_push(client, m, registry, images[0], folder, keys)
+    sigs = str(folder / "signatures")
+    accepted, refused = "gemma4-e2b-test/sign:verified", "gemma4-e2b-test/sign:refused"
+    for tag in (accepted, refused):
+        if client.images.list(name=tag):
+            client.images.remove(tag)
+    verify.verify(version_ref(entry), key=keys["public"], signatures=sigs, dest=f"docker-daemon:{accepted}")
+    assert client.images.get(accepted).id == client.images.get(images[0]).id  # the same config, so the same image
+    client.images.remove(accepted)
+
+    publish.push(client, m, [TARGET], registry, sources={TARGET: images[1]}, skip_smoke=True, reports_dir=tmp_path)
+    with pytest.raises(signing.SigningError):
+        verify.verify(version_ref(entry), key=keys["public"], signatures=sigs, dest=f"docker-daemon:{refused}")
+    assert client.images.list(name=refused) == []
+
+
 def test_pushing_again_signs_nothing_twice(client, m, registry, images, keys, tmp_path):
     folder = reports(tmp_path / "reports", images[0])
     first, _ = signed_push(client, m, registry, images[0], folder, keys)
