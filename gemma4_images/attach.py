@@ -4,8 +4,11 @@ in a registry, and fetch them back.
 The registry this project tests on (Debian's docker-registry, distribution 2.8) has no referrers
 API (OCI distribution spec 1.1), so an attachment is found by a tag derived from the image digest,
 the scheme cosign made common: `sha256-<hex>.<suffix>` (".sbom" for an SBOM, ".att" for an
-attestation). Each attachment is an OCI image manifest (OCI image spec 1.1, "Guidelines for
-Artifact Usage"):
+attestation; cosign doc/cosign_attach_sbom.md: "Attachment images are tagged as:
+[AttachmentTagPrefix]sha256-[TargetImageDigest].[AttachmentName]"). The tag itself is then signed
+like an image tag, as cosign's docs advise for attached SBOMs (docs.sigstore.dev/cosign/other_types:
+"attaching SBOMs this way does not sign them"). Each attachment is an OCI image manifest (OCI image
+spec 1.1, "Guidelines for Artifact Usage"):
 
 - `artifactType` and `config.mediaType` are the file's media type; the config blob is `{}` (so
   registries and tools that predate artifactType, as distribution 2.8 does, still see the type);
@@ -103,5 +106,7 @@ def fetch(host: str, repository: str, tag: str) -> tuple[dict, bytes]:
     """An attachment's manifest and the file it carries (its digest checked by get_blob)."""
     body, _ = registry_api.get_manifest(host, repository, tag)
     manifest = json.loads(body)
-    (layer,) = manifest["layers"]
-    return manifest, registry_api.get_blob(host, repository, layer["digest"])
+    layers = manifest.get("layers") or []
+    if len(layers) != 1:
+        raise registry_api.RegistryError(f"{host}/{repository}:{tag}: not an attachment (it has {len(layers)} layers)")
+    return manifest, registry_api.get_blob(host, repository, layers[0]["digest"])

@@ -459,9 +459,7 @@ def verify(ref, key, policy, signatures, dest, attachments_dir):
             attachments_dir=Path(attachments_dir) if attachments_dir else None,
             log=log,
         )
-    except signing.SigningError as e:
-        fail(str(e))
-    except registry_api.RegistryError as e:
+    except (signing.SigningError, registry_api.RegistryError) as e:
         fail(str(e))
     click.echo(f"verified {ref.partition('@')[0]}@{result['digest']}")
 

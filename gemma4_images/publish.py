@@ -206,7 +206,7 @@ def push(
             _attach_and_sign(entry, reports_dir, signer, log)
     except (PushError, registry_api.RegistryError, signing.SigningError) as e:
         # A push that fails leaves no registry tag behind on this machine that it made itself.
-        done = {f"{repo}:{t}" for e in results for t in e["tags"]}
+        done = {f"{repo}:{t}" for r in results for t in r["tags"]}
         for ref in created:
             if ref not in done:
                 client.images.remove(ref, noprune=True)

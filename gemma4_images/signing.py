@@ -3,7 +3,9 @@ skopeo; containers-signature(5), containers-policy.json(5), containers-registrie
 
 A signature is a GPG-signed claim "this manifest digest is HOST/REPO:TAG". The registry does not
 store it: it goes to a *lookaside* store, a directory laid out as <repo path>@sha256=<hex>/signature-N
-that a pipeline serves over HTTP or copies beside the image. Checking is skopeo's own: a
+(containers/image docs/signature-protocols.md: a file:/// store "can be both read and written",
+http/https "only supports reading", the same hierarchy either way, so a static web server can
+serve what signing wrote) that a pipeline serves over HTTP or copies beside the image. Checking is skopeo's own: a
 policy.json whose `signedBy` requirement names the public key, so `skopeo copy` (and podman,
 CRI-O, which read the same policy) refuse an image with no valid signature for that reference.
 
