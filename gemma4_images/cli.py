@@ -443,7 +443,8 @@ def push(targets, registry, image, moving_tag, skip_smoke, allow_dirty, sign_by,
 )
 @click.option("--to", "dest", metavar="TRANSPORT:REF", help="Copy the verified image there (any skopeo destination).")
 @click.option("--attachments-dir", type=click.Path(file_okay=False), help="Write the verified attached files here.")
-def verify(ref, key, policy, signatures, dest, attachments_dir):
+@click.option("--require-attachments", is_flag=True, help="Refuse an image without its SBOM and provenance.")
+def verify(ref, key, policy, signatures, dest, attachments_dir, require_attachments):
     """Check REF's signature under the policy (and its attached SBOM and provenance, themselves
     signed) before deploying it; exit 1 with the reason when it is refused."""
     from gemma4_images import signing
@@ -457,6 +458,7 @@ def verify(ref, key, policy, signatures, dest, attachments_dir):
             signatures=signatures,
             dest=dest,
             attachments_dir=Path(attachments_dir) if attachments_dir else None,
+            require_attachments=require_attachments,
             log=log,
         )
     except (signing.SigningError, registry_api.RegistryError) as e:

@@ -37,11 +37,14 @@ def verify(
     signatures: str = "reports/signatures",
     dest: str | None = None,
     attachments_dir: Path | None = None,
+    require_attachments: bool = False,
     log=print,
 ) -> dict:
     """Check ref's signature and its attachments' (see the module doc); copy the checked image on
     to dest and the attached files into attachments_dir when given. Returns the verified digest
-    and the attachments found; raises SigningError (one line) on the first refusal."""
+    and the attachments found; raises SigningError (one line) on the first refusal, or on a
+    missing attachment when require_attachments (a pipeline that deploys nothing without its
+    SBOM and provenance)."""
     host, repository, _ = registry_api.split_reference(ref)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -57,6 +60,11 @@ def verify(
         for suffix in attach.SUFFIXES:
             tag = attach.tag_for(digest, suffix)
             if registry_api.manifest_digest(host, repository, tag) is None:
+                if require_attachments:
+                    raise signing.SigningError(
+                        f"{ref} refused: nothing attached as {tag}, and --require-attachments wants "
+                        "the SBOM (.sbom) and the provenance (.att); push them with the image"
+                    )
                 log(f"{ref}: nothing attached as {tag}")
                 continue
             entry = _verified_attachment(f"{host}/{repository}:{tag}", digest, enforced, signatures, tmp / tag)

@@ -155,7 +155,12 @@ def test_signed_push_attaches_records_and_verifies(client, m, registry, images, 
     start = time.monotonic()
     out = tmp_path / "verified"
     result = verify.verify(
-        version_ref(entry), key=keys["public"], signatures=str(folder / "signatures"), attachments_dir=out, log=print
+        version_ref(entry),
+        key=keys["public"],
+        signatures=str(folder / "signatures"),
+        attachments_dir=out,
+        require_attachments=True,
+        log=print,
     )
     print(f"verify: {time.monotonic() - start:.2f}s")
     assert result["digest"] == entry["digest"]
@@ -198,6 +203,18 @@ def test_verify_copies_only_an_accepted_image_on(client, m, registry, images, ke
     with pytest.raises(signing.SigningError):
         verify.verify(version_ref(entry), key=keys["public"], signatures=sigs, dest=f"docker-daemon:{refused}")
     assert client.images.list(name=refused) == []
+
+
+def test_a_pipeline_can_require_the_attachments(client, m, registry, images, keys, tmp_path):
+    folder = reports(tmp_path / "reports", images[0], with_files=False)
+    entry, _ = signed_push(client, m, registry, images[0], folder, keys)
+    sigs = str(folder / "signatures")
+    assert verify.verify(version_ref(entry), key=keys["public"], signatures=sigs)["attachments"] == []
+    run = cli_verify(version_ref(entry), "--key", str(keys["public"]), "--signatures", sigs, "--require-attachments")
+    assert run.returncode == 1 and run.stderr.strip().splitlines()[-1] == (
+        f"error: {version_ref(entry)} refused: nothing attached as {attach.tag_for(entry['digest'], 'sbom')}, and "
+        "--require-attachments wants the SBOM (.sbom) and the provenance (.att); push them with the image"
+    )
 
 
 def test_pushing_again_signs_nothing_twice(client, m, registry, images, keys, tmp_path):
