@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 from docker.errors import APIError
 
-from gemma4_images import images, pin, publish, render, running, tokenizer_copy, upstream, wheels
+from gemma4_images import images, pin, publish, render, running, signing, tokenizer_copy, upstream, wheels
 from gemma4_images import matrix as matrix_mod
 from gemma4_images import registry as registry_api
 from gemma4_images.docker_build import BaseUnavailable, BuildFailed, DockerUnavailable, connect, local_image
@@ -31,6 +31,8 @@ EXPECTED = (
     wheels.WheelsError,
     publish.PushError,
     pin.PinError,
+    signing.SigningError,
+    registry_api.RegistryError,
 )
 
 
@@ -389,8 +391,29 @@ def smoke(target, image, model, tiny, report):
 @click.option("--moving-tag", is_flag=True, help="Also move the plain <target> tag.")
 @click.option("--skip-smoke", is_flag=True, help="Push without a passing smoke report (loudly).")
 @click.option("--allow-dirty", is_flag=True, help="Push an image built from uncommitted changes.")
-def push(targets, registry, image, moving_tag, skip_smoke, allow_dirty):
-    """Tag and push TARGETS' images; prints each digest and records them in reports/pushed.json."""
+@click.option(
+    "--sign-by",
+    envvar="GEMMA4_SIGN_BY",
+    metavar="KEY",
+    help="Sign every pushed tag with this GnuPG key (from GNUPGHOME); env GEMMA4_SIGN_BY.",
+)
+@click.option(
+    "--signatures",
+    type=click.Path(file_okay=False),
+    default="reports/signatures",
+    show_default=True,
+    help="Lookaside directory the signatures are written to (serve it to the pipelines that verify).",
+)
+@click.option(
+    "--sign-passphrase-file",
+    type=click.Path(exists=True, dir_okay=False),
+    envvar="GEMMA4_SIGN_PASSPHRASE_FILE",
+    help="File holding the signing key's passphrase (else gpg-agent is asked).",
+)
+def push(targets, registry, image, moving_tag, skip_smoke, allow_dirty, sign_by, signatures, sign_passphrase_file):
+    """Tag and push TARGETS' images; attach reports/sbom-<target>.cdx.json and
+    reports/provenance-<target>.intoto.json when present, sign with --sign-by; prints each digest
+    and records all of it in reports/pushed.json."""
     if image and len(targets) > 1:
         fail("--image names one image; give one target", 2)
     names = list(dict.fromkeys(targets))
@@ -403,10 +426,48 @@ def push(targets, registry, image, moving_tag, skip_smoke, allow_dirty):
         skip_smoke=skip_smoke,
         allow_dirty=allow_dirty,
         sources={names[0]: image} if image else None,
+        sign_by=sign_by,
+        signatures=Path(signatures),
+        passphrase_file=sign_passphrase_file,
         log=log,
     )
     for entry in entries:
         click.echo(f"{entry['repository']}@{entry['digest']}")
+
+
+@cli.command()
+@click.argument("ref", callback=reference)
+@click.option(
+    "--key", type=click.Path(exists=True, dir_okay=False), help="Public key (gpg --export) it must be signed by."
+)
+@click.option(
+    "--policy", type=click.Path(exists=True, dir_okay=False), help="A containers-policy.json to enforce instead."
+)
+@click.option(
+    "--signatures",
+    default="reports/signatures",
+    show_default=True,
+    help="Where the signatures are: the lookaside directory push wrote, or its http(s):// URL.",
+)
+@click.option("--to", "dest", metavar="TRANSPORT:REF", help="Copy the verified image there (any skopeo destination).")
+@click.option("--attachments-dir", type=click.Path(file_okay=False), help="Write the verified attached files here.")
+@click.option("--require-attachments", is_flag=True, help="Refuse an image without its SBOM and provenance.")
+def verify(ref, key, policy, signatures, dest, attachments_dir, require_attachments):
+    """Check REF's signature under the policy (and its attached SBOM and provenance, themselves
+    signed) before deploying it; exit 1 with the reason when it is refused."""
+    from gemma4_images import verify as verify_mod
+
+    result = verify_mod.verify(
+        ref,
+        key=Path(key) if key else None,
+        policy=Path(policy) if policy else None,
+        signatures=signatures,
+        dest=dest,
+        attachments_dir=Path(attachments_dir) if attachments_dir else None,
+        require_attachments=require_attachments,
+        log=log,
+    )
+    click.echo(f"verified {ref.partition('@')[0]}@{result['digest']}")
 
 
 @cli.command()

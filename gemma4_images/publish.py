@@ -1,5 +1,6 @@
 """Push built images to a registry: gated on their smoke report, skipped when the registry already
-holds the same digest, every pushed digest recorded in reports/pushed.json for pipelines."""
+holds the same digest, the target's SBOM and provenance attached to the pushed digest (attach.py),
+every tag signed when a key is given (signing.py), all of it recorded in reports/pushed.json."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import re
 import time
 from pathlib import Path
 
-from . import facts
+from . import attach, facts, signing
 from . import registry as registry_api
 from .docker_build import ANSI, local_image
 from .matrix import Matrix
@@ -157,12 +158,25 @@ def push(
     allow_dirty: bool = False,
     sources: dict[str, str] | None = None,
     reports_dir: Path = Path("reports"),
+    sign_by: str | None = None,
+    signatures: Path | None = None,
+    passphrase_file: str | None = None,
     log=print,
 ) -> list[dict]:
     """Tag and push each target's image; returns (and records in reports_dir/pushed.json) one
-    entry per target: target, repository, tags, digest, image id, and which tags were pushed or
-    already there. sources maps a target to the local image to push (default: its tag)."""
+    entry per target: target, repository, tags, digest, image id, which tags were pushed or
+    already there, the files attached and, with sign_by (a GnuPG key), the signatures written to
+    the lookaside directory signatures (default reports_dir/signatures). sources maps a target
+    to the local image to push (default: its tag)."""
     repo = repository(matrix, registry)
+    signer = None
+    if sign_by:
+        try:
+            signing.skopeo()
+            key = signing.fingerprint(sign_by)
+        except signing.SigningError as e:
+            raise PushError(str(e)) from None
+        signer = (key, Path(signatures or Path(reports_dir) / "signatures"), passphrase_file)
     plan = []
     # Every gate is checked before anything is pushed, so a refusal never leaves half a release.
     for name in targets:
@@ -175,19 +189,29 @@ def push(
             raise PushError(f"refusing to push {source}: {refusal} (or pass --skip-smoke)")
         if refusal:
             log(f"WARNING: pushing {source} WITHOUT a passing smoke test (--skip-smoke): {refusal}")
+        for item in attach.report_attachments(name, reports_dir):
+            if item.path.is_file() and _older_than(item.path, image):
+                raise PushError(
+                    f"refusing to push {source}: {item.path} was written before the image was built; "
+                    f"regenerate it for this image (or remove it to push without it)"
+                )
         plan.append((name, source, image, tags_for(matrix, name, short_revision(image, allow_dirty), moving_tag)))
     check_registry(repo.split("/", 1)[0])
     results, created = [], []
     try:
         for name, source, image, tags in plan:
-            results.append(_push_target(client, name, source, image, repo, tags, log, created))
-    except PushError:
+            entry = _push_target(client, name, source, image, repo, tags, log, created)
+            results.append(entry)
+            _attach_and_sign(entry, reports_dir, signer, log)
+    except (PushError, registry_api.RegistryError, signing.SigningError) as e:
         # A push that fails leaves no registry tag behind on this machine that it made itself.
-        done = {f"{repo}:{t}" for e in results for t in e["tags"]}
+        done = {f"{repo}:{t}" for r in results for t in r["tags"]}
         for ref in created:
             if ref not in done:
                 client.images.remove(ref, noprune=True)
-        raise
+        if isinstance(e, PushError):
+            raise
+        raise PushError(str(e)) from None
     finally:
         # Whatever did reach the registry is recorded, even when a later target fails.
         if results:
@@ -222,6 +246,43 @@ def _push_target(client, name, source, image, repo, tags, log, created: list[str
         entry["pushed"].append(tag)
         log(f"pushed {repo}:{tag} {entry['digest']} ({time.monotonic() - start:.1f}s)")
     return entry
+
+
+def _older_than(path: Path, image) -> bool:
+    built = image.attrs.get("Created", "")[:19]
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(path.stat().st_mtime)) < built
+
+
+def _attach_and_sign(entry: dict, reports_dir: Path, signer, log) -> None:
+    """Attach the target's reports to its pushed digest, then sign every tag (the image's and the
+    attachments'), recording both in entry."""
+    host, path = entry["repository"].split("/", 1)
+    entry["attachments"] = []
+    for item in attach.report_attachments(entry["target"], reports_dir):
+        tag = attach.tag_for(entry["digest"], item.suffix)
+        if not item.path.is_file():
+            log(f"no {item.path} for {entry['target']}: nothing attached as {tag}")
+            continue
+        start = time.monotonic()
+        done = attach.attach(host, path, entry["digest"], item)
+        entry["attachments"].append(done)
+        log(
+            f"attached {item.path} ({done['size']} bytes) as {entry['repository']}:{tag} "
+            f"{done['manifest_digest']} ({time.monotonic() - start:.1f}s)"
+        )
+    entry["signatures"] = []
+    if signer is None:
+        log(f"{entry['repository']}: not signed (no --sign-by key)")
+        return
+    key, signatures, passphrase_file = signer
+    to_sign = [(t, entry["digest"]) for t in entry["tags"]]
+    to_sign += [(a["tag"], a["manifest_digest"]) for a in entry["attachments"]]
+    for tag, digest in to_sign:
+        start = time.monotonic()
+        done, fresh = signing.sign(host, path, tag, digest, key, signatures, passphrase_file)
+        entry["signatures"].append({**done, "digest": digest})
+        said = "signed" if fresh else "already signed"
+        log(f"{said} {done['identity']} with {key[-16:]}: {done['signature']} ({time.monotonic() - start:.1f}s)")
 
 
 def record(entries: list[dict], path: Path) -> None:

@@ -4,6 +4,7 @@ reference, find the registry's digest for a tag, authenticate the way registries
 from __future__ import annotations
 
 import base64
+import hashlib
 import ipaddress
 import json
 import os
@@ -179,13 +180,23 @@ def _authorization(host: str, challenge: str, scope: str, timeout: float) -> str
     return f"Bearer {token}" if token else None
 
 
-def _request(host: str, path: str, method: str, scope: str, timeout: float):
-    """urlopen of the registry's API path, answering one authentication challenge if it asks."""
-    url = f"{scheme(host)}://{api_host(host)}{path}"
-    headers = {"Accept": MANIFEST_TYPES}
+def _request(
+    host: str,
+    path: str,
+    method: str,
+    scope: str,
+    timeout: float,
+    data: bytes | None = None,
+    headers: dict[str, str] | None = None,
+):
+    """urlopen of the registry's API path (or the absolute URL an upload's Location names),
+    answering one authentication challenge if it asks."""
+    url = path if path.startswith(("http://", "https://")) else f"{scheme(host)}://{api_host(host)}{path}"
+    headers = {"Accept": MANIFEST_TYPES, **(headers or {})}
     for attempt in range(2):
         try:
-            return urllib.request.urlopen(urllib.request.Request(url, method=method, headers=headers), timeout=timeout)
+            request = urllib.request.Request(url, data=data, method=method, headers=headers)
+            return urllib.request.urlopen(request, timeout=timeout)
         except urllib.error.HTTPError as e:
             challenge = e.headers.get("WWW-Authenticate")
             if e.code != 401 or attempt or not challenge:
@@ -236,3 +247,68 @@ def digest_of(ref: str, timeout: float = 20) -> str | None:
     """The registry's current digest for an image reference's tag."""
     host, repository, tag = split_reference(ref.partition("@")[0])
     return manifest_digest(host, repository, tag, timeout)
+
+
+# -- writing: what `push` needs to attach files to an image (distribution API v2 spec,
+# github.com/distribution/distribution docs/spec/api.md: "Pushing An Image", monolithic upload) --
+
+
+def _call(host: str, repository: str, path: str, method: str, what: str, timeout: float, **kw):
+    """_request for repository (push scope unless it only reads), its errors as one RegistryError line."""
+    scope = f"repository:{repository}:" + ("pull" if method in ("GET", "HEAD") else "pull,push")
+    try:
+        return _request(host, path, method, scope, timeout, **kw)
+    except urllib.error.HTTPError as e:
+        detail = e.read().decode(errors="replace").strip()[:200]
+        raise RegistryError(f"{host}/{repository}: {what} answered {e.code} {e.reason} {detail}".rstrip()) from None
+    except (urllib.error.URLError, OSError) as e:
+        raise RegistryUnavailable(f"{api_host(host)}: {reason(e)} — is the registry reachable?") from None
+
+
+def sha256_digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def push_blob(host: str, repository: str, data: bytes, timeout: float = 60) -> str:
+    """Upload data as a blob (skipped when the registry already has it); returns its digest."""
+    digest = sha256_digest(data)
+    try:
+        with _request(host, f"/v2/{repository}/blobs/{digest}", "HEAD", f"repository:{repository}:pull", timeout):
+            return digest
+    except urllib.error.HTTPError as e:
+        if e.code != 404:
+            raise RegistryError(f"{host}/{repository}: checking blob {digest} answered {e.code} {e.reason}") from None
+    except (urllib.error.URLError, OSError) as e:
+        raise RegistryUnavailable(f"{api_host(host)}: {reason(e)} — is the registry reachable?") from None
+    with _call(host, repository, f"/v2/{repository}/blobs/uploads/", "POST", "starting an upload", timeout) as r:
+        location = urllib.parse.urljoin(f"{scheme(host)}://{api_host(host)}/", r.headers["Location"])
+    url = location + ("&" if "?" in location else "?") + urllib.parse.urlencode({"digest": digest})
+    headers = {"Content-Type": "application/octet-stream"}
+    with _call(host, repository, url, "PUT", f"uploading blob {digest}", timeout, data=data, headers=headers):
+        return digest
+
+
+def put_manifest(host: str, repository: str, tag: str, body: bytes, media_type: str, timeout: float = 30) -> str:
+    """Store body as the manifest of repository:tag; returns the digest the registry gives it."""
+    headers = {"Content-Type": media_type}
+    path = f"/v2/{repository}/manifests/{tag}"
+    with _call(host, repository, path, "PUT", f"storing manifest {tag}", timeout, data=body, headers=headers) as r:
+        digest = r.headers.get("Docker-Content-Digest") or sha256_digest(body)
+    if digest != sha256_digest(body):
+        raise RegistryError(f"{host}/{repository}:{tag}: the registry stored {digest}, not the manifest sent")
+    return digest
+
+
+def get_manifest(host: str, repository: str, ref: str, timeout: float = 30) -> tuple[bytes, str]:
+    """The manifest bytes of repository:ref (a tag or digest) and their media type."""
+    with _call(host, repository, f"/v2/{repository}/manifests/{ref}", "GET", f"manifest {ref}", timeout) as r:
+        return r.read(), r.headers.get("Content-Type", "")
+
+
+def get_blob(host: str, repository: str, digest: str, timeout: float = 60) -> bytes:
+    """A blob's bytes, checked against its digest."""
+    with _call(host, repository, f"/v2/{repository}/blobs/{digest}", "GET", f"blob {digest}", timeout) as r:
+        data = r.read()
+    if sha256_digest(data) != digest:
+        raise RegistryError(f"{host}/{repository}: blob {digest} came back with other bytes")
+    return data
