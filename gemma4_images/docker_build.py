@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import shlex
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -85,7 +85,6 @@ class BuildSpec:
     buildargs: dict[str, str]
     context: Path
     nocache: bool = False
-    labels: dict[str, str] = field(default_factory=dict)
 
     def command_line(self) -> str:
         """The same build as a `docker build` command, for --dry-run and for people to read."""

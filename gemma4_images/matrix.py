@@ -244,6 +244,20 @@ class Matrix(Strict):
                         f"targets.{name}.fixes.profile: no profile {t.fixes.profile!r} in "
                         f"patches/profiles/; known: {', '.join(p.stem for p in PROFILES.glob('*.json'))}"
                     )
+                # The two profiles' names look alike (v0.30.0 is the recipe's, vllm-0.30.0 ours):
+                # a Gaudi image needs the one that requires vllm_gaudi, any other image the other.
+                gaudi = self.families[t.family].accelerator == "habana"
+                if gaudi != ("vllm_gaudi" in profile["requires"]):
+                    fits = [
+                        p.stem
+                        for p in sorted(PROFILES.glob("*.json"))
+                        if ("vllm_gaudi" in load_profile(p.stem)["requires"]) == gaudi
+                    ]
+                    raise ValueError(
+                        f"targets.{name}.fixes.profile: {t.fixes.profile!r} is for "
+                        f"{'vllm-gaudi' if not gaudi else 'plain vLLM'} images, {name} is "
+                        f"{'a Gaudi' if gaudi else 'not a Gaudi'} target; use {' or '.join(fits)}"
+                    )
                 unknown = [f for f in t.fixes.opt_in if f not in profile["opt_in"]]
                 if unknown:
                     raise ValueError(

@@ -105,6 +105,14 @@ def test_recipe_launch_is_the_seed_text(real):
         (lambda d: d["targets"]["h100"].pop("run"), "targets.h100.run: Field required"),
         (lambda d: d["targets"]["h100"]["run"].update(gpu="all"), "targets.h100.run.gpu: unknown key"),
         (lambda d: d["targets"]["mi300x"].update(aliases=["h100"]), "'h100' is already a target name"),
+        (
+            lambda d: d["targets"]["h100"]["fixes"].update(profile="v0.30.0"),  # an anchor: every vLLM target
+            "fixes.profile: 'v0.30.0' is for vllm-gaudi images, b200 is not a Gaudi target; use vllm-0.30.0",
+        ),
+        (
+            lambda d: d["targets"]["gaudi2"]["fixes"].update(profile="vllm-0.30.0"),
+            "'vllm-0.30.0' is for plain vLLM images, gaudi2 is a Gaudi target; use v0.30.0",
+        ),
         (lambda d: d["targets"]["mi300x"].update(aliases=["all"]), "'all' is reserved (`build.py build all`"),
         (lambda d: d["features"].pop("reasoning"), "features"),
         (lambda d: d["project"].update(vllm_verison="0.30.0"), "project.vllm_verison: unknown key"),
