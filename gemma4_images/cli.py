@@ -486,6 +486,86 @@ def bench_cmd(skip_build, skip_serving, skip_startup, skip_load, with_base):
         fail("a rebuild rebuilt the wrong layers (see above and BENCHMARKS.md)")
 
 
+# -- SBOM and provenance of a built image (issue 16) ---------------------------------------------
+
+
+def _write_document(path: Path, text: str) -> None:
+    """Whole or not at all: a failed write leaves no half-made file behind."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(text)
+    partial.replace(path)
+
+
+def _image_contents(target, image):
+    from gemma4_images import image_contents
+
+    m = load()
+    try:
+        name = m.resolve(target)
+    except MatrixError as e:
+        fail(str(e), 2)
+    try:
+        return m, name, image_contents.read(connect(), m, name, image or m.tag(name))
+    except (image_contents.ImageError, *EXPECTED) as e:
+        fail(str(e))
+
+
+@cli.command("sbom")
+@click.argument("target")
+@click.option("--image", callback=reference, help="Built image to describe (default: the target's tag).")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Default reports/sbom-<target>.cdx.json.")
+def sbom_cmd(target, image, out):
+    """Write a CycloneDX 1.6 SBOM of TARGET's built image: OS packages, Python distributions, the
+    base image, our files, and each applied fix as a pedigree patch; checked against the schema and
+    against the image's fixes label and /etc/gemma4-e2b/fixes.json before it is written."""
+    from gemma4_images import image_contents, sbom
+
+    _, name, contents = _image_contents(target, image)
+    try:
+        document = sbom.make(contents)
+    except image_contents.ImageError as e:
+        fail(f"{e}; no SBOM was written")
+    path = out or Path(f"reports/sbom-{name}.cdx.json")
+    _write_document(path, document)
+    parsed = json.loads(document)
+    click.echo(f"{path}: {len(parsed['components'])} components, {len(sbom.patches_in(parsed))} patches")
+
+
+@cli.command("provenance")
+@click.argument("target")
+@click.option("--image", callback=reference, help="Built image to describe (default: the target's tag).")
+@click.option(
+    "--out", type=click.Path(dir_okay=False, path_type=Path), help="Default reports/provenance-<target>.intoto.json."
+)
+@click.option(
+    "--verify",
+    "verify_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Check this provenance against the image instead of writing one.",
+)
+def provenance_cmd(target, image, out, verify_path):
+    """Write an in-toto Statement v1 with a SLSA provenance v1 predicate for TARGET's built image
+    (subject: its digest; dependencies: base digest, git revision, fix diffs, tokenizer source,
+    upstream files; builder and parameters from /etc/gemma4-e2b/build.json)."""
+    from gemma4_images import provenance
+
+    m, name, contents = _image_contents(target, image)
+    if verify_path:
+        try:
+            document = json.loads(verify_path.read_text())
+        except ValueError as e:
+            fail(f"{verify_path} is not JSON ({e})")
+        problems = provenance.mismatches(document, contents, m)
+        if problems:
+            fail(f"{verify_path} does not describe {contents.ref}:\n  " + "\n  ".join(problems))
+        click.echo(f"{verify_path} matches {contents.ref} ({contents.id})")
+        return
+    path = out or Path(f"reports/provenance-{name}.intoto.json")
+    _write_document(path, provenance.to_json(provenance.statement(contents, m)))
+    click.echo(str(path))
+
+
 def main():
     try:
         cli()
