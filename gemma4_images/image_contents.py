@@ -129,7 +129,7 @@ def read(client, matrix: Matrix, target: str, ref: str) -> Contents:
         raise ImageError(f"no local image {ref}; build it first (`python build.py build {target}`)")
     labels = image.labels or {}
     if "io.gemma4-images.target" not in labels:
-        raise ImageError(f"{ref} carries no io.gemma4-images.* labels: it was not built by build.py")
+        raise ImageError(f"{ref} has no io.gemma4-images.target label: it was not built by `build.py build`")
     dockerfile = (ROOT / dockerfile_name(matrix.targets[target].family)).read_text()
     ours = copy_destinations(dockerfile, target)
     files = read_paths(client, ref, [DPKG_STATUS, *OS_RELEASE, RECORDS, *ours])

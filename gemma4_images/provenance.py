@@ -190,8 +190,12 @@ def mismatches(document: dict, contents: Contents, matrix: Matrix) -> list[str]:
         problems.append(f"not an in-toto Statement v1 with predicate {PREDICATE_TYPE}")
     want, got = _digests(statement(contents, matrix)), _digests(document)
     for name in sorted(set(want) | set(got)):
-        if want.get(name) != got.get(name):
-            problems.append(f"{name}: the document says {got.get(name)}, the image gives {want.get(name)}")
+        if name not in got:
+            problems.append(f"{name}: missing from the document (the image gives {want[name]})")
+        elif name not in want:
+            problems.append(f"{name}: the document names it, the image gives no such entry")
+        elif want[name] != got[name]:
+            problems.append(f"{name}: the document says {got[name]}, the image gives {want[name]}")
     return problems
 
 
