@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gemma4_images import facts, image_contents, images, matrix, provenance, sbom
+from gemma4_images import facts, image_contents, matrix, provenance, sbom
 from gemma4_images.docker_build import BuildSpec, build
 from testkit import tiny_model
 from testkit.in_toto import parse
@@ -41,22 +41,6 @@ def in_image(client, image: str, *command: str) -> str:
     return client.containers.run(
         image, list(command[1:]), entrypoint=[command[0]], remove=True, network_mode="none"
     ).decode()
-
-
-@pytest.fixture(scope="module")
-def unfixed_image(client, m, cpu_base):
-    """The CPU image without its fixes pack: built exactly as test_smoke_cpu's plain_server builds
-    it (same tag and arguments), so whichever module runs first pays for it and the other reuses
-    the layer cache."""
-    return images.build_target(
-        client,
-        m,
-        "cpu",
-        tokenizer_source=str(tiny_model.ensure()),
-        tag="gemma4-e2b-test/xeon6:unfixed",
-        log=print,
-        extra_args={"GEMMA4_FIXES_PROFILE": "", "GEMMA4_FIXES": ""},
-    )
 
 
 @pytest.fixture(scope="module")
