@@ -126,11 +126,15 @@ def _licenses(dist: dict):
     return [factory.make_with_name(c.split(" :: ")[-1]) for c in dist["classifiers"]]
 
 
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 def python_components(contents: Contents) -> dict[str, Component]:
     """The image Python's distributions, keyed by name; one entry per name and version."""
     out: dict[str, Component] = {}
     for dist in contents.python["distributions"]:
-        purl = PackageURL(type="pypi", name=re.sub(r"[-_.]+", "-", dist["name"]).lower(), version=dist["version"])
+        purl = PackageURL(type="pypi", name=_normal(dist["name"]), version=dist["version"])
         if purl.to_string() in {c.bom_ref.value for c in out.values()}:
             continue  # the same distribution twice on sys.path
         props = [Property(name=f"{PROP}:python:provides", value=" ".join(dist["packages"]))] if dist["packages"] else []
@@ -166,7 +170,9 @@ def attach_patches(contents: Contents, dists: dict[str, Component]) -> None:
     commits: dict[str, dict[str, list[str]]] = {}  # component -> upstream commit -> its fixes
     for record in fix_records(contents):
         fix, name = record["fix"], record["name"]
-        owner = owners.get(fix["package"])
+        # A distribution without a RECORD (metadata only) claims no package: then the one named
+        # like the package (vllm_gaudi -> vllm-gaudi, as PEP 503 compares names).
+        owner = owners.get(fix["package"]) or next((n for n in dists if _normal(n) == _normal(fix["package"])), None)
         if owner is None:
             raise ImageError(
                 f"fix {name} patches {fix['package']}, but no Python distribution in {contents.ref} provides it"

@@ -159,6 +159,15 @@ def test_no_fixes_no_patches():
     assert all("pedigree" not in c for c in doc["components"])
 
 
+def test_a_distribution_without_a_record_owns_the_package_it_is_named_for():
+    # As vllm_gaudi's metadata-only dist-info in the Gaudi stand-in base (no RECORD: no files).
+    contents = standin()
+    contents.python["distributions"][1].update(name="vllm", packages=[])
+    doc = document(contents)
+    assert {p["component"] for p in sbom.patches_in(doc).values()} == {"vllm"}
+    assert "pedigree" not in next(c for c in doc["components"] if c["name"] == "Jinja2")
+
+
 def test_a_fix_on_a_package_no_distribution_provides_is_refused():
     contents = standin()
     path = f"{PACK}/{FIXES[0]}/fix.json"
