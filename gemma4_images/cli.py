@@ -13,7 +13,20 @@ from pathlib import Path
 import click
 from docker.errors import APIError
 
-from gemma4_images import images, pin, publish, render, running, signing, tokenizer_copy, upstream, wheels
+from gemma4_images import (
+    image_contents,
+    images,
+    pin,
+    provenance,
+    publish,
+    render,
+    running,
+    sbom,
+    signing,
+    tokenizer_copy,
+    upstream,
+    wheels,
+)
 from gemma4_images import matrix as matrix_mod
 from gemma4_images import registry as registry_api
 from gemma4_images.docker_build import BaseUnavailable, BuildFailed, DockerUnavailable, connect, local_image
@@ -33,6 +46,7 @@ EXPECTED = (
     pin.PinError,
     signing.SigningError,
     registry_api.RegistryError,
+    image_contents.ImageError,
 )
 
 
@@ -210,7 +224,12 @@ def stage_cmd(tokenizer_source):
     help="Bake the tiny test model's tokenizer (no hub) and tag <tag>-tiny: the image `smoke --tiny` serves.",
 )
 @click.option("-v", "--verbose", is_flag=True, help="Stream every build step's output.")
-def build(targets, base_image, tag, no_cache, dry_run, build_args, tokenizer_source, tiny, verbose):
+@click.option(
+    "--no-reports",
+    is_flag=True,
+    help="Skip writing reports/sbom-<target>.cdx.json and provenance-<target>.intoto.json (~13 s per image).",
+)
+def build(targets, base_image, tag, no_cache, dry_run, build_args, tokenizer_source, tiny, verbose, no_reports):
     """Build TARGETS (names or aliases; `all` for every target)."""
     m = load()
     names = every_target(m, targets)
@@ -241,6 +260,14 @@ def build(targets, base_image, tag, no_cache, dry_run, build_args, tokenizer_sou
             log=log,
             verbose=verbose,
         )
+        if not no_reports:
+            # What push attaches: written now, so they are never older than the image.
+            contents = image_contents.read(client, m, name, built)
+            try:
+                log(write_sbom(contents, name))
+            except image_contents.ImageError as e:
+                fail(f"{e}; {built} was built, but its SBOM was not written")
+            log(write_provenance(contents, m, name))
         click.echo(built)
 
 
@@ -540,6 +567,78 @@ def bench_cmd(skip_build, skip_serving, skip_startup, skip_load, with_base):
     build = results.get("build")
     if build and not all(s["layers_ok"] for s in build["scenarios"][1:]):
         fail("a rebuild rebuilt the wrong layers (see above and BENCHMARKS.md)")
+
+
+# -- SBOM and provenance of a built image -------------------------------------------------------
+
+
+def _write_document(path: Path, text: str) -> None:
+    """Whole or not at all: a failed write leaves no half-made file behind."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(text)
+    partial.replace(path)
+
+
+def write_sbom(contents, name: str, out: Path | None = None) -> str:
+    document = sbom.make(contents)  # ImageError (no file written) when the fixes records disagree
+    path = out or Path(f"reports/sbom-{name}.cdx.json")
+    _write_document(path, document)
+    parsed = json.loads(document)
+    return f"{path}: {len(parsed['components'])} components, {len(sbom.patches_in(parsed))} patches"
+
+
+def write_provenance(contents, m, name: str, out: Path | None = None) -> str:
+    path = out or Path(f"reports/provenance-{name}.intoto.json")
+    _write_document(path, provenance.to_json(provenance.statement(contents, m)))
+    return str(path)
+
+
+@cli.command("sbom")
+@click.argument("target", type=TARGET)
+@click.option("--image", callback=reference, help="Built image to describe (default: the target's tag).")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Default reports/sbom-<target>.cdx.json.")
+def sbom_cmd(target, image, out):
+    """Write a CycloneDX 1.6 SBOM of TARGET's built image: OS packages, Python distributions, the
+    base image, our files, and each applied fix as a pedigree patch; checked against the schema and
+    against the image's fixes label and /etc/gemma4-e2b/fixes.json before it is written."""
+    m = load()
+    contents = image_contents.read(connect(), m, target, image or m.tag(target))
+    try:
+        click.echo(write_sbom(contents, target, out))
+    except image_contents.ImageError as e:
+        fail(f"{e}; no SBOM was written")
+
+
+@cli.command("provenance")
+@click.argument("target", type=TARGET)
+@click.option("--image", callback=reference, help="Built image to describe (default: the target's tag).")
+@click.option(
+    "--out", type=click.Path(dir_okay=False, path_type=Path), help="Default reports/provenance-<target>.intoto.json."
+)
+@click.option(
+    "--verify",
+    "verify_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Check this provenance against the image instead of writing one.",
+)
+def provenance_cmd(target, image, out, verify_path):
+    """Write an in-toto Statement v1 with a SLSA provenance v1 predicate for TARGET's built image
+    (subject: its digest; dependencies: base digest, git revision, fix diffs, tokenizer source,
+    upstream files; builder and parameters from /etc/gemma4-e2b/build.json)."""
+    m = load()
+    contents = image_contents.read(connect(), m, target, image or m.tag(target))
+    if verify_path:
+        try:
+            document = json.loads(verify_path.read_text())
+        except ValueError as e:
+            fail(f"{verify_path} is not JSON ({e})")
+        problems = provenance.mismatches(document, contents, m)
+        if problems:
+            fail(f"{verify_path} does not describe {contents.ref}:\n  " + "\n  ".join(problems))
+        click.echo(f"{verify_path} matches {contents.ref} ({contents.id})")
+        return
+    click.echo(write_provenance(contents, m, target, out))
 
 
 def main():

@@ -126,6 +126,21 @@ def cpu_image(client, m, cpu_base):
 
 
 @pytest.fixture(scope="session")
+def unfixed_image(client, m, cpu_base):
+    """The CPU image built without its fixes pack (fixes profile and label empty), tiny tokenizer:
+    what the checks and the SBOM are shown failing or empty on."""
+    return images.build_target(
+        client,
+        m,
+        "xeon6",
+        tokenizer_source=str(tiny_model.ensure()),
+        tag="gemma4-e2b-test/xeon6:unfixed",
+        log=log,
+        extra_args={"GEMMA4_FIXES_PROFILE": "", "GEMMA4_FIXES": ""},
+    )
+
+
+@pytest.fixture(scope="session")
 def fix_observations(cpu_image):
     """What the vLLM-level fixes' probe saw in the CPU image, unpatched and patched (fixes_helpers)."""
     from tests import fixes_helpers as fx

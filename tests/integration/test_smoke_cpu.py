@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from gemma4_images import images, matrix, smoke, traffic
-from testkit import exchanges, tiny_model, trained
+from gemma4_images import matrix, smoke, traffic
+from testkit import exchanges, trained
 
 pytestmark = pytest.mark.integration
 
@@ -99,20 +99,12 @@ def sabotaged_files(client, image: str, dest):
 
 
 @pytest.fixture(scope="module")
-def plain_server(client, m, cpu_image, tmp_path_factory):
+def plain_server(client, m, unfixed_image, tmp_path_factory):
     """A deliberately broken server, for the checks to fail on, serving the tiny trained model: the
     CPU image without its fixes pack; the model's own tokenizer files instead of the BOS copy,
     without the config.json beside them (as the BOS copy was before it carried one); its recipe
     switched to audio: false; and vLLM's sampling parameters broken (SABOTAGE)."""
-    image = images.build_target(
-        client,
-        m,
-        "xeon6",
-        tokenizer_source=str(tiny_model.ensure()),
-        tag="gemma4-e2b-test/xeon6:unfixed",
-        log=print,
-        extra_args={"GEMMA4_FIXES_PROFILE": "", "GEMMA4_FIXES": ""},
-    )
+    image = unfixed_image
     model = trained.ensure()
     scratch = tmp_path_factory.mktemp("plain")
     tokenizer = scratch / "tokenizer"

@@ -1,0 +1,153 @@
+"""What a built image holds, read for its SBOM and provenance: files copied out of a container
+that is created but never started, and the Python distributions listed by the image's own Python
+in a container with no network. Nothing from the build host's checkout is trusted for these."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import re
+import tarfile
+from dataclasses import dataclass, field
+
+from docker.errors import NotFound
+
+from .docker_build import local_image
+from .matrix import ROOT, Matrix, dockerfile_name
+
+# Where an image keeps the records of its build (the entrypoint's --write-build-info, the fixes
+# applier's DEFAULT_MANIFEST in patches/apply_all.py, the recipe the template copies).
+RECORDS = "/etc/gemma4-e2b"
+DPKG_STATUS = "/var/lib/dpkg/status"
+# os-release(5): /etc/os-release, else /usr/lib/os-release (Debian's /etc one is a symlink to it,
+# and an archive of a symlink holds the link, not the file).
+OS_RELEASE = ("/etc/os-release", "/usr/lib/os-release")
+# The pack as the template copies it into the image (COPY patches/ /opt/gemma4-e2b/patches/).
+PACK = "/opt/gemma4-e2b/patches"
+# The COPY lines of a rendered Dockerfile: `COPY [--flags] SRC... DEST`.
+COPY_LINE = re.compile(r"^COPY\s+(?:--\S+\s+)*(.+)$", re.M)
+
+# Run by the image's own python3 (the one first on its PATH, as the entrypoint's shebang finds it):
+# every distribution on its sys.path, and which import packages each one's files provide.
+PROBE = r"""
+import importlib.metadata as md, json, sys
+owners = {}
+for top, dists in md.packages_distributions().items():
+    for dist in dists:
+        owners.setdefault(dist, set()).add(top)
+out = []
+for d in md.distributions():
+    m = d.metadata
+    out.append({
+        "name": m["Name"], "version": m["Version"], "summary": m.get("Summary") or "",
+        "license": m.get("License-Expression") or m.get("License") or "",
+        "classifiers": [c for c in (m.get_all("Classifier") or []) if c.startswith("License ::")],
+        "packages": sorted(owners.get(m["Name"], ())),
+    })
+print(json.dumps({"python": sys.executable, "version": sys.version.split()[0], "distributions": out}))
+"""
+
+
+class ImageError(Exception):
+    """The image cannot be described: missing, or lacking what every built image holds."""
+
+
+@dataclass
+class Contents:
+    ref: str
+    id: str  # the local image id: sha256 of the image config, which a push and a pull keep
+    repo_digests: list[str]
+    created: str
+    docker_version: str
+    labels: dict[str, str]
+    files: dict[str, bytes]  # path in the image -> bytes, for everything read out of it
+    copied: list[str]  # what the target's Dockerfile copies into the image: our own files
+    python: dict
+    fixes: list[dict] = field(default_factory=list)  # /etc/gemma4-e2b/fixes.json's entries ([]: none)
+
+    def text(self, path: str) -> str:
+        return self.files[path].decode()
+
+    def json(self, path: str):
+        return json.loads(self.files[path])
+
+    def sha256(self, path: str) -> str:
+        return hashlib.sha256(self.files[path]).hexdigest()
+
+    def os_release(self) -> dict[str, str]:
+        """os-release(5) as a dict ({} when the image has none)."""
+        path = next((p for p in OS_RELEASE if p in self.files), None)
+        if path is None:
+            return {}
+        pairs = (line.split("=", 1) for line in self.text(path).splitlines() if "=" in line)
+        return {k: v.strip().strip('"') for k, v in pairs}
+
+    def under(self, prefix: str) -> list[str]:
+        return sorted(p for p in self.files if p == prefix or p.startswith(prefix.rstrip("/") + "/"))
+
+
+def copy_destinations(dockerfile: str, target: str) -> list[str]:
+    """The paths a rendered Dockerfile's COPY lines write in the image (our own files)."""
+    out = []
+    for args in COPY_LINE.findall(dockerfile):
+        dest = args.split()[-1].replace("${GEMMA4_TARGET}", target)
+        out.append(dest.rstrip("/") or "/")
+    return out
+
+
+def read_paths(client, image: str, paths: list[str]) -> dict[str, bytes]:
+    """Regular files at or under paths, from a container created (never started, no network) on
+    image. A path the image lacks is left out."""
+    container = client.containers.create(image, network_mode="none", entrypoint=["/nonexistent"])
+    files: dict[str, bytes] = {}
+    try:
+        for path in paths:
+            try:
+                stream, stat = container.get_archive(path)
+            except NotFound:
+                continue
+            parent = path.rstrip("/").rsplit("/", 1)[0]  # the archive names members from path's basename
+            with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+                for member in tar:
+                    if member.isfile():
+                        files[f"{parent}/{member.name}"] = tar.extractfile(member).read()
+    finally:
+        container.remove(force=True)
+    return files
+
+
+def python_distributions(client, image: str) -> dict:
+    out = client.containers.run(image, ["-c", PROBE], entrypoint=["python3"], remove=True, network_mode="none")
+    return json.loads(out.decode().strip().splitlines()[-1])
+
+
+def read(client, matrix: Matrix, target: str, ref: str) -> Contents:
+    """Everything the SBOM and the provenance say about target's built image ref."""
+    image = local_image(client, ref)
+    if image is None:
+        raise ImageError(f"no local image {ref}; build it first (`python build.py build {target}`)")
+    labels = image.labels or {}
+    if "io.gemma4-images.target" not in labels:
+        raise ImageError(f"{ref} has no io.gemma4-images.target label: it was not built by `build.py build`")
+    dockerfile = (ROOT / dockerfile_name(matrix.targets[target].family)).read_text()
+    ours = copy_destinations(dockerfile, target)
+    files = read_paths(client, ref, [DPKG_STATUS, *OS_RELEASE, RECORDS, *ours])
+    for required in (DPKG_STATUS, f"{RECORDS}/build.json"):
+        if required not in files:
+            raise ImageError(f"{ref} has no {required}; rebuild it with `python build.py build {target}`")
+    manifest = f"{RECORDS}/fixes.json"
+    fixes = json.loads(files[manifest])["fixes"] if manifest in files else []
+    attrs = image.attrs
+    return Contents(
+        ref=ref,
+        id=image.id,
+        repo_digests=attrs.get("RepoDigests") or [],
+        created=attrs.get("Created", ""),
+        docker_version=attrs.get("DockerVersion", ""),
+        labels=labels,
+        files=files,
+        copied=ours,
+        python=python_distributions(client, ref),
+        fixes=fixes,
+    )

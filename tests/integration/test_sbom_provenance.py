@@ -1,0 +1,213 @@
+"""SBOM and provenance of the real CPU image (tiny tokenizer) and of the same image built without its
+fixes, through `build.py sbom` and `build.py provenance`, each figure held against a second reading
+of the image or of the files it came from: dpkg-query and pip in the image, the engine's image ids,
+git, the repository's diffs, the upstream files in the image without fixes, the tokenizer's source."""
+
+import hashlib
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from gemma4_images import facts, image_contents, matrix, provenance, sbom
+from gemma4_images.docker_build import BuildSpec, build
+from testkit import tiny_model
+from testkit.in_toto import parse
+
+pytestmark = pytest.mark.integration
+
+FIXES_LABEL = "io.gemma4-images.fixes"
+SITE = "/opt/venv/lib/python3.11/site-packages"  # the CPU base's venv (bases/vllm-cpu-local/Dockerfile)
+
+
+def build_py(*args):
+    return subprocess.run([sys.executable, "build.py", *args], cwd=matrix.ROOT, capture_output=True, text=True)
+
+
+def normal(name: str) -> str:
+    """A distribution name as PEP 503 compares them."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def in_image(client, image: str, *command: str) -> str:
+    return client.containers.run(
+        image, list(command[1:]), entrypoint=[command[0]], remove=True, network_mode="none"
+    ).decode()
+
+
+@pytest.fixture(scope="module")
+def documents(tmp_path_factory):
+    """Factory: build.py's SBOM or provenance of an image, read back (each made once)."""
+    made = {}
+
+    def make(kind: str, image: str) -> dict:
+        if (kind, image) not in made:
+            out = tmp_path_factory.mktemp(kind) / "doc.json"
+            r = build_py(kind, "xeon6", "--image", image, "--out", str(out))
+            assert r.returncode == 0, r.stdout + r.stderr
+            made[kind, image] = json.loads(out.read_text())
+        return made[kind, image]
+
+    return make
+
+
+@pytest.fixture(scope="module")
+def contents(client, m):
+    """Factory: what image_contents reads out of an image (each read once)."""
+    read = {}
+
+    def get(image: str):
+        if image not in read:
+            read[image] = image_contents.read(client, m, "xeon6", image)
+        return read[image]
+
+    return get
+
+
+def by_type(document) -> dict[str, list[dict]]:
+    out = {}
+    for component in document["components"]:
+        out.setdefault(component["type"], []).append(component)
+    return out
+
+
+def test_sbom_of_the_cpu_image_lists_what_the_image_holds(client, cpu_image, cpu_base, documents):
+    doc = documents("sbom", cpu_image)
+    assert sbom.schema_errors(json.dumps(doc)) == []  # the library's CycloneDX 1.6 schema, offline
+    libraries = by_type(doc)["library"]
+    # A second reading of the image, in one container: dpkg's own list, and the site-packages'
+    # dist-info folders (<name>-<version>.dist-info) as the filesystem has them.
+    dpkg, _, dist_infos = in_image(
+        client, cpu_image, "sh", "-c", f"dpkg-query -W -f '${{Package}} ${{Version}}\\n'; echo --; ls {SITE}"
+    ).partition("--\n")
+    debs = {c["name"]: c["version"] for c in libraries if c["purl"].startswith("pkg:deb/debian/")}
+    assert debs == dict(line.split(" ", 1) for line in dpkg.splitlines()) and len(debs) > 100
+    pythons = {normal(c["name"]): c["version"] for c in libraries if c["purl"].startswith("pkg:pypi/")}
+    folders = [f.removesuffix(".dist-info").split("-", 1) for f in dist_infos.split() if f.endswith(".dist-info")]
+    on_disk = {normal(name): version for name, version in folders}
+    assert set(pythons) == set(on_disk) and len(pythons) > 100
+    # The versions, METADATA's against the folder name's; the base's vllm alias is the one whose
+    # folder leaves out the local part (vllm-0.30.0.dist-info says 0.30.0+cpu: bases/vllm-cpu-local).
+    assert {n: v for n, v in pythons.items() if v != on_disk[n]} == {"vllm": "0.30.0+cpu"}
+    (base,) = by_type(doc)["container"]
+    assert base["hashes"][0]["content"] == client.images.get(cpu_base).id.removeprefix("sha256:")
+    assert doc["metadata"]["component"]["hashes"][0]["content"] == client.images.get(cpu_image).id.split(":")[1]
+    files = {c["name"]: c["hashes"][0]["content"] for c in by_type(doc)["file"]}
+    assert files["/usr/local/bin/gemma4-serve"] == sha256((matrix.ROOT / "image" / "gemma4_serve.py").read_bytes())
+    assert {"/etc/gemma4-e2b/build.json", "/etc/gemma4-e2b/fixes.json", "/etc/gemma4-e2b/recipe.json"} <= set(files)
+
+
+def test_sbom_patches_are_the_applied_fixes_on_vllm(client, cpu_image, documents):
+    doc = documents("sbom", cpu_image)
+    label = client.images.get(cpu_image).labels[FIXES_LABEL].split(",")
+    manifest = json.loads(in_image(client, cpu_image, "cat", "/etc/gemma4-e2b/fixes.json"))["fixes"]
+    patches = sbom.patches_in(doc)
+    assert sorted(patches) == sorted(label) == sorted(f["name"] for f in manifest) and len(label) == 4
+    for name, patch in patches.items():
+        # vllm-cpu owns the vllm package in the CPU base (bases/vllm-cpu-local/Dockerfile).
+        assert patch["component"] == "vllm-cpu" and patch["state"] == "applied"
+        assert patch["sha256"] == sha256((matrix.ROOT / "patches" / name / "fix.diff").read_bytes())
+    vllm = next(c for c in doc["components"] if c["name"] == "vllm-cpu")
+    assert [c["uid"] for c in vllm["pedigree"]["commits"]] == ["ced6857a"]
+
+
+def test_sbom_of_the_image_without_fixes_has_no_patches(client, unfixed_image, contents):
+    doc = json.loads(sbom.make(contents(unfixed_image)))  # what `build.py sbom` writes, in-process
+    assert sbom.patches_in(doc) == {} and client.images.get(unfixed_image).labels[FIXES_LABEL] == ""
+    assert all("pedigree" not in c for c in doc["components"])
+    assert "/etc/gemma4-e2b/fixes.json" not in {c["name"] for c in by_type(doc)["file"]}
+
+
+@pytest.fixture(scope="module")
+def mislabelled(client, cpu_image):
+    """The CPU image with its fixes label claiming one fix only (a label-only layer on top)."""
+    tag = "gemma4-e2b-test/xeon6:wrong-fixes-label"
+    first = client.images.get(cpu_image).labels[FIXES_LABEL].split(",")[0]
+    with tempfile.TemporaryDirectory() as ctx:
+        (Path(ctx) / "Dockerfile").write_text(f'FROM {cpu_image}\nLABEL {FIXES_LABEL}="{first}"\n')
+        build(client, BuildSpec(dockerfile="Dockerfile", tag=tag, context=Path(ctx), buildargs={}), print)
+    return tag
+
+
+def test_sbom_is_refused_when_the_label_and_fixes_json_disagree(mislabelled, tmp_path):
+    out = tmp_path / "sbom.json"
+    r = build_py("sbom", "xeon6", "--image", mislabelled, "--out", str(out))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "the fixes disagree" in r.stderr and "no SBOM was written" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_sbom_patches_label_and_fixes_json_agree_and_a_wrong_sbom_is_caught(cpu_image, contents, documents):
+    doc = json.loads(json.dumps(documents("sbom", cpu_image)))
+    assert sbom.disagreements(doc, contents(cpu_image)) == []
+    vllm = next(c for c in doc["components"] if c["name"] == "vllm-cpu")
+    dropped = vllm["pedigree"]["patches"].pop()["resolves"][0]["id"]
+    problems = sbom.disagreements(doc, contents(cpu_image))
+    assert len(problems) == 1 and "the fixes disagree" in problems[0] and dropped in problems[0]
+
+
+def test_provenance_of_the_cpu_image_names_the_real_digests(client, cpu_image, cpu_base, unfixed_image, documents):
+    doc = documents("provenance", cpu_image)
+    statement, predicate = parse(doc)  # in-toto Statement v1, SLSA provenance v1: no unknown field
+    assert statement.subject[0].digest["sha256"] == client.images.get(cpu_image).id.removeprefix("sha256:")
+    deps = {d["name"]: d["digest"] for d in doc["predicate"]["buildDefinition"]["resolvedDependencies"]}
+    assert deps[f"base image {cpu_base}"] == {"sha256": client.images.get(cpu_base).id.removeprefix("sha256:")}
+    assert deps["source"] == {"gitCommit": facts.revision().removesuffix("-dirty")}
+    manifest = json.loads(in_image(client, cpu_image, "cat", "/etc/gemma4-e2b/fixes.json"))
+    # The upstream files the fixes target, as the image without fixes holds them.
+    upstream = image_contents.read_paths(
+        client, unfixed_image, [f"{manifest['root']}/{path}" for f in manifest["fixes"] for path in f["files"]]
+    )
+    assert len(upstream) == 4
+    for path, data in upstream.items():
+        assert deps[path.removeprefix(manifest["root"] + "/")] == {"sha256": sha256(data)}
+    for fix in manifest["fixes"]:
+        diff = (matrix.ROOT / "patches" / fix["name"] / "fix.diff").read_bytes()
+        assert deps[f"patches/{fix['name']}/fix.diff"] == {"sha256": sha256(diff)}
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        assert deps[f"tokenizer source {name}"] == {"sha256": sha256((tiny_model.ensure() / name).read_bytes())}
+    params = predicate.build_definition.external_parameters
+    assert params["target"] == "xeon6" and list(params["fixes"]) == [f["name"] for f in manifest["fixes"]]
+
+
+def test_provenance_verify_passes_on_its_image_and_fails_when_tampered(
+    m, cpu_image, mislabelled, contents, documents, tmp_path
+):
+    good = documents("provenance", cpu_image)
+    assert provenance.mismatches(good, contents(cpu_image), m) == []
+
+    tampered = json.loads(json.dumps(good))
+    dep = next(d for d in tampered["predicate"]["buildDefinition"]["resolvedDependencies"] if d["name"] == "source")
+    dep["digest"]["gitCommit"] = "0" * 40
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(tampered))
+    r = build_py("provenance", "xeon6", "--image", cpu_image, "--verify", str(bad))
+    assert r.returncode == 1 and "dependency source: the document says {'gitCommit': '000" in r.stderr, r.stderr
+
+    # The right document, another image (the label-only layer changes the image id and build.json
+    # is not what its label says).
+    problems = provenance.mismatches(good, contents(mislabelled), m)
+    assert f"subject {cpu_image}: the document names it, the image gives no such entry" in problems
+
+
+@pytest.mark.parametrize(
+    "args, code, message",
+    [
+        (("sbom", "no-such-target"), 2, "unknown target 'no-such-target'"),
+        (("sbom", "xeon6", "--image", "gemma4-e2b-test/none:missing"), 1, "no local image"),
+        (("provenance", "xeon6", "--image", "BASE"), 1, "no io.gemma4-images.target label"),
+    ],
+)
+def test_bad_input_is_one_line_and_writes_nothing(cpu_base, tmp_path, args, code, message):
+    out = tmp_path / "doc.json"
+    r = build_py(*[cpu_base if a == "BASE" else a for a in args], "--out", str(out))
+    assert r.returncode == code and r.stderr.startswith("error: ") and message in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not out.exists()
