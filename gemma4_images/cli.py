@@ -486,6 +486,41 @@ def bench_cmd(skip_build, skip_serving, skip_startup, skip_load, with_base):
         fail("a rebuild rebuilt the wrong layers (see above and BENCHMARKS.md)")
 
 
+# -- model images (issue #16): the model's files as an image, served with no hub at run time --------
+
+
+@cli.command("model-image")
+@click.argument("source")
+@click.option("--name", help="Folder under /models and image name (default: from SOURCE).")
+@click.option("--revision", help="Hub branch, tag or commit to download (hub ids only; default main).")
+@click.option(
+    "--tag", "image_tag", callback=reference, help="Local image reference (default gemma4-e2b-models/NAME:REVISION)."
+)
+@click.option(
+    "--registry",
+    metavar="HOST[:PORT][/NAMESPACE]",
+    callback=lambda ctx, param, value: value and registry_spec(ctx, param, value),
+    help="Also push to REGISTRY/models/NAME:REVISION (digest recorded in reports/pushed.json).",
+)
+def model_image_cmd(source, name, revision, image_tag, registry):
+    """Pack SOURCE (a model folder, or a hub id downloaded with HF_TOKEN from the environment) into
+    an image holding only its files at /models/NAME, tagged by the model's revision."""
+    from gemma4_images import model_image, publish
+
+    try:
+        client = connect()
+        if registry:  # before the build: an unreachable registry is found in a second, not after
+            publish.check_registry(publish.split_registry(registry)[0])
+        built = model_image.build(client, source, name=name, revision=revision, tag=image_tag, log=log)
+        log(f"{built.ref}: {built.path} at {built.revision} ({built.image_id[:19]})")
+        click.echo(built.ref)
+        if registry:
+            entry = model_image.push(client, built.ref, registry, log=log)
+            click.echo(f"{entry['repository']}@{entry['digest']}")
+    except (model_image.ModelImageError, publish.PushError, *EXPECTED) as e:
+        fail(str(e))
+
+
 def main():
     try:
         cli()
