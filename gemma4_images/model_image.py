@@ -253,35 +253,12 @@ def push(client, ref: str, registry: str, log=print, reports_dir: Path = Path("r
     host, namespace = publish.split_registry(registry)
     repo = "/".join(p for p in (host, namespace, REGISTRY_PATH, name) if p)
     publish.check_registry(host)
-    tag = tag_for(revision)
-    created = f"{repo}:{tag}" not in (image.tags or [])
-    image.tag(repo, tag)
-    entry = {
-        "target": f"model:{name}",
-        "image": ref,
-        "image_id": image.id,
-        "repository": repo,
-        "tags": [tag],
-        "digest": None,
-        "pushed": [],
-        "already_present": [],
-    }
+    created: list[str] = []
     try:
-        ours, theirs = (
-            publish._repo_digest(client, image.id, repo),
-            publish.remote_digest(host, repo.split("/", 1)[1], tag),
-        )
-        if ours and ours == theirs:
-            log(f"{repo}:{tag} is already in the registry at {theirs}; not pushed")
-            entry["already_present"].append(tag)
-            entry["digest"] = theirs
-        else:
-            entry["digest"] = publish._push_stream(client, repo, tag)
-            entry["pushed"].append(tag)
-            log(f"pushed {repo}:{tag} {entry['digest']}")
+        entry = publish._push_target(client, f"model:{name}", ref, image, repo, [tag_for(revision)], log, created)
     except publish.PushError:
-        if created:  # a failed push leaves no registry tag behind that it made
-            client.images.remove(f"{repo}:{tag}", noprune=True)
+        for made in created:  # a failed push leaves no registry tag behind that it made
+            client.images.remove(made, noprune=True)
         raise
     publish.record([entry], Path(reports_dir) / publish.PUSHED_FILE)
     return entry

@@ -1,0 +1,209 @@
+"""The model as an image, and no network at run time: the tiny trained model packed by
+`build.py model-image`, pushed to a real registry, and served by the CPU tier from a volume filled
+from that image while the serving container has no network at all (`--network none`), reached only
+through `docker exec`. Every smoke check must pass there."""
+
+import http.server
+import io
+import json
+import os
+import secrets
+import shlex
+import subprocess
+import sys
+import tarfile
+import threading
+
+import pytest
+from docker.errors import NotFound
+from local_registry import start_registry, stop_registry
+from test_no_secrets import places_holding
+
+from gemma4_images import images, matrix, model_image, registry, smoke
+from testkit import exchanges, tiny_model, trained
+from testkit.exec_forward import ExecForward
+
+pytestmark = pytest.mark.integration
+
+MODEL_TAG = "gemma4-e2b-test/model:tiny"
+VOLUME = "gemma4-e2b-test-model-tiny"
+SERVE_PORT = 8000  # inside the container's own network namespace: nothing else is there
+
+
+def build_py(*args, env=None):
+    return subprocess.run([sys.executable, "build.py", *args], cwd=matrix.ROOT, capture_output=True, text=True, env=env)
+
+
+@pytest.fixture(scope="module")
+def serving_image(client, m, cpu_base):
+    """The CPU image as cpu_image builds it (same inputs, so the same cached layers), under a test
+    tag: the shared tag stays what the rest of the suite built."""
+    return images.build_target(
+        client, m, "cpu", tokenizer_source=str(tiny_model.ensure()), tag="gemma4-e2b-test/xeon6:model-image", log=print
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny_image(client):
+    return model_image.build(client, str(trained.ensure()), name="tiny-gemma4-trained", tag=MODEL_TAG, log=print)
+
+
+def test_model_image_holds_only_the_model_files(client, tiny_image):
+    image = client.images.get(tiny_image.ref)
+    assert len(image.attrs["RootFS"]["Layers"]) == 1 and image.attrs["Config"]["Cmd"] is None
+    # The files, byte for byte, read back from the image itself.
+    holder = client.containers.create(tiny_image.ref, command=["none"])
+    try:
+        stream, _ = holder.get_archive("/models")
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+            files = {t.name: tar.extractfile(t).read() for t in tar if t.isfile()}
+            modes = {t.name: t.mode for t in tar}
+    finally:
+        holder.remove()
+    folder = trained.ensure()
+    prefix = "models/tiny-gemma4-trained/"
+    assert files == {prefix + p.as_posix(): (folder / p).read_bytes() for p in model_image.model_files(folder)}
+    assert all(mode & 0o004 for mode in modes.values())  # readable by the serving uid
+    assert image.labels[model_image.LABELS["revision"]] == tiny_image.revision
+    assert tiny_image.tag == "content-" + tiny_image.revision.split(":")[1][:12]
+
+
+def test_cpu_tier_serves_the_model_image_with_no_network(client, m, serving_image, tiny_image, no_new_containers):
+    volume = model_image.docker_volume(client, tiny_image.ref, VOLUME)
+    container, served, args = smoke._container(
+        m,
+        "xeon6",
+        serving_image,
+        None,
+        SERVE_PORT,
+        extra_args=["--served-model-name", m.project.model],
+        network_mode="none",
+    )
+    container.with_volume_mapping(volume, model_image.MODELS_ROOT, "ro").with_env("GEMMA4_MODEL", tiny_image.path)
+    try:
+        container.start()
+        wrapped = container.get_wrapped_container()
+        wrapped.reload()
+        assert wrapped.attrs["HostConfig"]["NetworkMode"] == "none"
+        # Nothing outside the container can be reached from inside it: not the hub, not this host.
+        probe = container.exec(
+            ["python3", "-c", "import socket; socket.create_connection(('huggingface.co', 443), timeout=5)"]
+        )
+        assert probe.exit_code != 0 and b"gaierror" in probe.output, probe.output[-300:]
+        with ExecForward(wrapped.id, SERVE_PORT) as forward:
+            seconds = smoke.wait_healthy(wrapped, forward.url, m.targets["xeon6"].startup_budget_s)
+            print(f"healthy after {seconds:.1f}s with --network none")
+            started = b"".join(container.get_logs()).decode(errors="replace").splitlines()
+            printed = container.exec(["gemma4-serve", "--print-command", *args]).output.decode().strip().splitlines()
+            # The entrypoint put the hub client offline, says so, and vLLM runs with it.
+            assert printed[0].startswith("export HF_HUB_OFFLINE=1"), printed
+            environ = container.exec(["cat", "/proc/1/environ"]).output.split(b"\0")
+            assert b"HF_HUB_OFFLINE=1" in environ
+            launch = shlex.split(printed[-1])
+            assert tiny_image.path in launch
+            checks = smoke.Checks(forward.url, served, launch, exchanges.EXCHANGES)
+            special = {
+                "image_facts": lambda: smoke.image_facts(client, m, "xeon6", serving_image),
+                "startup_log": lambda: smoke.startup_log(started),
+            }
+            results = {}
+            for name, skip in smoke.planned_checks(m, "xeon6", launch, True):
+                if skip:
+                    results[name] = f"skipped: {skip}"
+                    continue
+                try:
+                    (special.get(name) or getattr(checks, name))()
+                    results[name] = "pass"
+                except smoke.CheckFailed as e:
+                    results[name] = f"fail: {e}"
+            assert results == {name: "pass" for name in results}, results
+            assert [a[2] for a in checks.answers if a[0] == "chat"] == ["Paris."]
+    finally:
+        if container.created:
+            container.stop()
+        client.volumes.get(volume).remove(force=True)
+
+
+def test_model_image_cli_builds_tags_by_content_and_pushes_with_a_digest(client, tmp_path):
+    secret = "hf_" + secrets.token_hex(16)
+    env = {**os.environ, "HF_TOKEN": secret, "HUGGING_FACE_HUB_TOKEN": secret}
+    folder = trained.ensure()
+    root = tmp_path / "registry"
+    root.mkdir()
+    proc, host = start_registry(root)
+    tag = "gemma4-e2b-test/model:cli"
+    try:
+        client.images.remove(tag, force=True)
+    except NotFound:
+        pass
+    try:
+        r = build_py(
+            "model-image", str(folder), "--name", "tiny-gemma4-trained", "--tag", tag, "--registry", host, env=env
+        )
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert secret not in r.stdout + r.stderr
+        # The token was in the build's environment and is in no layer, history entry, label or env.
+        assert places_holding(client, tag, secret) == []
+        revision = client.images.get(tag).labels[model_image.LABELS["revision"]]
+        pushed = json.loads((matrix.ROOT / "reports" / "pushed.json").read_text())
+        entry = [e for e in pushed if e["target"] == "model:tiny-gemma4-trained" and e["repository"].startswith(host)][
+            -1
+        ]
+        assert entry["repository"] == f"{host}/models/tiny-gemma4-trained"
+        assert entry["tags"] == [model_image.tag_for(revision)] and entry["digest"].startswith("sha256:")
+        assert f"{entry['repository']}@{entry['digest']}" in r.stdout
+        # The registry serves that digest for that tag; a second run pushes nothing.
+        assert registry.digest_of(f"{entry['repository']}:{entry['tags'][0]}") == entry["digest"]
+        again = build_py("model-image", str(folder), "--name", "tiny-gemma4-trained", "--tag", tag, "--registry", host)
+        assert again.returncode == 0 and "not rebuilt" in again.stderr and "not pushed" in again.stderr, again.stderr
+    finally:
+        stop_registry(proc)
+        if _exists(client, tag):
+            for ref in client.images.get(tag).tags:
+                if ref.startswith(host):
+                    client.images.remove(ref, noprune=True)
+
+
+def _exists(client, ref):
+    try:
+        client.images.get(ref)
+        return True
+    except NotFound:
+        return False
+
+
+class Hub(http.server.BaseHTTPRequestHandler):
+    """A loopback stand-in for the hub's API that refuses every request and records who asked."""
+
+    seen: list = []
+
+    def do_GET(self):
+        Hub.seen.append((self.path, self.headers.get("Authorization")))
+        self.send_response(401)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_HEAD = do_GET
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_hub_id_uses_the_token_and_fails_in_one_line_without_writing_it(client):
+    secret = "hf_" + secrets.token_hex(16)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    Hub.seen.clear()
+    env = {**os.environ, "HF_TOKEN": secret, "HF_ENDPOINT": f"http://127.0.0.1:{server.server_port}"}
+    env.pop("HF_HUB_OFFLINE", None)
+    try:
+        r = build_py("model-image", "google/gemma-4-E2B-it", "--tag", "gemma4-e2b-test/model:hub", env=env)
+    finally:
+        server.shutdown()
+    assert r.returncode == 1
+    lines = r.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: cannot download google/gemma-4-E2B-it@main from http://127.0.0.1:"), lines
+    assert "Traceback" not in r.stderr and secret not in r.stdout + r.stderr
+    # The token went to the hub, as a gated model needs, and nowhere else; no image was made.
+    assert Hub.seen and all(auth == f"Bearer {secret}" for _, auth in Hub.seen), Hub.seen
+    assert not _exists(client, "gemma4-e2b-test/model:hub")
