@@ -30,8 +30,11 @@ VOLUME = "gemma4-e2b-test-model-tiny"
 SERVE_PORT = 8000  # inside the container's own network namespace: nothing else is there
 
 
-def build_py(*args, env=None):
-    return subprocess.run([sys.executable, "build.py", *args], cwd=matrix.ROOT, capture_output=True, text=True, env=env)
+def build_py(*args, env=None, cwd=matrix.ROOT):
+    """build.py run from cwd: reports/ (pushed.json) is written there."""
+    return subprocess.run(
+        [sys.executable, str(matrix.ROOT / "build.py"), *args], cwd=cwd, capture_output=True, text=True, env=env
+    )
 
 
 @pytest.fixture(scope="module")
@@ -138,23 +141,32 @@ def test_model_image_cli_builds_tags_by_content_and_pushes_with_a_digest(client,
         pass
     try:
         r = build_py(
-            "model-image", str(folder), "--name", "tiny-gemma4-trained", "--tag", tag, "--registry", host, env=env
+            "model-image",
+            str(folder),
+            "--name",
+            "tiny-gemma4-trained",
+            "--tag",
+            tag,
+            "--registry",
+            host,
+            env=env,
+            cwd=tmp_path,
         )
         assert r.returncode == 0, r.stdout + r.stderr
         assert secret not in r.stdout + r.stderr
         # The token was in the build's environment and is in no layer, history entry, label or env.
         assert places_holding(client, tag, secret) == []
         revision = client.images.get(tag).labels[model_image.LABELS["revision"]]
-        pushed = json.loads((matrix.ROOT / "reports" / "pushed.json").read_text())
-        entry = [e for e in pushed if e["target"] == "model:tiny-gemma4-trained" and e["repository"].startswith(host)][
-            -1
-        ]
+        [entry] = json.loads((tmp_path / "reports" / "pushed.json").read_text())
+        assert entry["target"] == "model:tiny-gemma4-trained"
         assert entry["repository"] == f"{host}/models/tiny-gemma4-trained"
         assert entry["tags"] == [model_image.tag_for(revision)] and entry["digest"].startswith("sha256:")
         assert f"{entry['repository']}@{entry['digest']}" in r.stdout
         # The registry serves that digest for that tag; a second run pushes nothing.
         assert registry.digest_of(f"{entry['repository']}:{entry['tags'][0]}") == entry["digest"]
-        again = build_py("model-image", str(folder), "--name", "tiny-gemma4-trained", "--tag", tag, "--registry", host)
+        again = build_py(
+            "model-image", str(folder), "--name", "tiny-gemma4-trained", "--tag", tag, "--registry", host, cwd=tmp_path
+        )
         assert again.returncode == 0 and "not rebuilt" in again.stderr and "not pushed" in again.stderr, again.stderr
     finally:
         stop_registry(proc)
@@ -205,5 +217,6 @@ def test_a_hub_id_uses_the_token_and_fails_in_one_line_without_writing_it(client
     assert lines[-1].startswith("error: cannot download google/gemma-4-E2B-it@main from http://127.0.0.1:"), lines
     assert "Traceback" not in r.stderr and secret not in r.stdout + r.stderr
     # The token went to the hub, as a gated model needs, and nowhere else; no image was made.
-    assert Hub.seen and all(auth == f"Bearer {secret}" for _, auth in Hub.seen), Hub.seen
+    assert ("/api/models/google/gemma-4-E2B-it", f"Bearer {secret}") in Hub.seen, Hub.seen
+    assert {auth for _, auth in Hub.seen} <= {None, f"Bearer {secret}"}, Hub.seen
     assert not _exists(client, "gemma4-e2b-test/model:hub")
