@@ -270,7 +270,15 @@ def push(client, ref: str, registry: str, log=print, reports_dir: Path = Path("r
 def docker_volume(client, ref: str, volume: str) -> str:
     """Docker's nearest thing to an `image` volume: a named volume filled from the model image
     (the engine copies an image's files into an empty volume when a container is created on it;
-    the container is never started and is removed at once). Mount it read-only at /models."""
+    the container is never started and is removed at once). Mount it read-only at /models.
+    A volume of that name is replaced: the engine fills only an empty one, so an old one would
+    keep serving the files it was first filled with."""
+    try:
+        client.volumes.get(volume).remove()
+    except NotFound:
+        pass
+    except APIError as e:
+        raise ModelImageError(f"volume {volume} exists and cannot be replaced ({e.explanation}); remove it") from None
     client.volumes.create(volume)
     try:
         holder = client.containers.create(

@@ -220,3 +220,29 @@ def test_a_hub_id_uses_the_token_and_fails_in_one_line_without_writing_it(client
     assert ("/api/models/google/gemma-4-E2B-it", f"Bearer {secret}") in Hub.seen, Hub.seen
     assert {auth for _, auth in Hub.seen} <= {None, f"Bearer {secret}"}, Hub.seen
     assert not _exists(client, "gemma4-e2b-test/model:hub")
+
+
+def test_docker_volume_is_refilled_from_the_image_it_is_given(client, rootfs, tmp_path):
+    volume, refs = "gemma4-e2b-test-model-refill", {}
+    for text in ("one", "two"):
+        (tmp_path / text).mkdir()
+        (tmp_path / text / "config.json").write_text(text)
+        refs[text] = model_image.build(
+            client, str(tmp_path / text), name="refill", tag=f"gemma4-e2b-test/model:{text}"
+        ).ref
+    try:
+        for text, ref in refs.items():
+            model_image.docker_volume(client, ref, volume)
+            # What a container mounting the volume sees, read with the engine's archive API (the
+            # logs of a container that exits at once can come back empty).
+            reader = client.containers.create(
+                rootfs, ["true"], volumes={volume: {"bind": model_image.MODELS_ROOT, "mode": "ro"}}
+            )
+            try:
+                stream, _ = reader.get_archive(f"{model_image.MODELS_ROOT}/refill/config.json")
+                with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+                    assert tar.extractfile("config.json").read().decode() == text
+            finally:
+                reader.remove()
+    finally:
+        client.volumes.get(volume).remove(force=True)
