@@ -88,6 +88,10 @@ def test_cpu_tier_serves_the_model_image_with_no_network(client, m, serving_imag
         wrapped = container.get_wrapped_container()
         wrapped.reload()
         assert wrapped.attrs["HostConfig"]["NetworkMode"] == "none"
+        # The model comes from the image's volume alone: no folder of this host is mounted.
+        assert [(v["Type"], v["Destination"], v["RW"]) for v in wrapped.attrs["Mounts"]] == [
+            ("volume", model_image.MODELS_ROOT, False)
+        ]
         # Nothing outside the container can be reached from inside it: not the hub, not this host.
         probe = container.exec(
             ["python3", "-c", "import socket; socket.create_connection(('huggingface.co', 443), timeout=5)"]

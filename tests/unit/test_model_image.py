@@ -93,17 +93,18 @@ def test_tags_are_revisions():
 
 
 def pod_with_model_image(**kw):
-    """The xeon6 Deployment k8s.py renders today, its HF cache volume replaced by the model image
-    as kubernetes_pieces gives it (what the lead's k8s.py wiring is to do)."""
+    """The xeon6 Deployment k8s.py renders today, with the model image as kubernetes_pieces gives
+    it (what the lead's k8s.py wiring is to do): the HF cache PVC becomes an emptyDir (HF_HOME
+    stays writable under the read-only root; nothing is downloaded into it) and HF_TOKEN goes."""
     deployment = list(yaml.safe_load_all(k8s.render_k8s(M, "xeon6")))[0]
     spec = deployment["spec"]["template"]["spec"]
     pieces = model_image.kubernetes_pieces(REF, "tiny-gemma4-trained", M.project.model, **kw)
     container = spec["containers"][0]
-    container["volumeMounts"] = [v for v in container["volumeMounts"] if v["name"] != "hf-cache"]
     container["volumeMounts"].append(pieces["volumeMount"])
-    container["env"] = [e for e in container["env"] if e["name"] not in ("HF_HOME", "HF_TOKEN")] + pieces["env"]
+    container["env"] = [e for e in container["env"] if e["name"] != "HF_TOKEN"] + pieces["env"]
     container["args"] = container.get("args", []) + pieces["args"]
-    spec["volumes"] = [v for v in spec["volumes"] if v["name"] != "hf-cache"] + [pieces["volume"]]
+    spec["volumes"] = [v if v["name"] != "hf-cache" else {"name": "hf-cache", "emptyDir": {}} for v in spec["volumes"]]
+    spec["volumes"].append(pieces["volume"])
     return deployment, container, pieces
 
 
