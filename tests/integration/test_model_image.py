@@ -3,6 +3,7 @@
 from that image while the serving container has no network at all (`--network none`), reached only
 through `docker exec`. Every smoke check must pass there."""
 
+import hashlib
 import http.server
 import io
 import json
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import tarfile
 import threading
+import urllib.parse
 
 import pytest
 from docker.errors import NotFound
@@ -51,18 +53,26 @@ def tiny_image(client):
     return model_image.build(client, str(trained.ensure()), name="tiny-gemma4-trained", tag=MODEL_TAG, log=print)
 
 
+def image_files(client, ref: str, modes: dict | None = None) -> dict:
+    """{path: bytes} of every file under /models in image ref (modes filled with each entry's)."""
+    holder = client.containers.create(ref, command=["none"])
+    try:
+        stream, _ = holder.get_archive(model_image.MODELS_ROOT)
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+            members = tar.getmembers()
+            if modes is not None:
+                modes.update({t.name: t.mode for t in members})
+            return {t.name: tar.extractfile(t).read() for t in members if t.isfile()}
+    finally:
+        holder.remove()
+
+
 def test_model_image_holds_only_the_model_files(client, tiny_image):
     image = client.images.get(tiny_image.ref)
     assert len(image.attrs["RootFS"]["Layers"]) == 1 and image.attrs["Config"]["Cmd"] is None
     # The files, byte for byte, read back from the image itself.
-    holder = client.containers.create(tiny_image.ref, command=["none"])
-    try:
-        stream, _ = holder.get_archive("/models")
-        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
-            files = {t.name: tar.extractfile(t).read() for t in tar if t.isfile()}
-            modes = {t.name: t.mode for t in tar}
-    finally:
-        holder.remove()
+    modes = {}
+    files = image_files(client, tiny_image.ref, modes)
     folder = trained.ensure()
     prefix = "models/tiny-gemma4-trained/"
     assert files == {prefix + p.as_posix(): (folder / p).read_bytes() for p in model_image.model_files(folder)}
@@ -188,41 +198,97 @@ def _exists(client, ref):
         return False
 
 
-class Hub(http.server.BaseHTTPRequestHandler):
-    """A loopback stand-in for the hub's API that refuses every request and records who asked."""
-
-    seen: list = []
-
-    def do_GET(self):
-        Hub.seen.append((self.path, self.headers.get("Authorization")))
-        self.send_response(401)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    do_HEAD = do_GET
-
-    def log_message(self, *args):
-        pass
+HUB_REPO = "acme/tiny-gemma4"
+HUB_COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
-def test_a_hub_id_uses_the_token_and_fails_in_one_line_without_writing_it(client):
-    secret = "hf_" + secrets.token_hex(16)
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hub)
+def stand_in_hub(folder, token: str):
+    """STAND-IN for the Hugging Face hub on loopback: a gated repository HUB_REPO at HUB_COMMIT
+    holding folder's files, answering the four requests huggingface_hub 2.4.0's model_info and
+    snapshot_download make (model info, tree, HEAD and GET of each file) and 401 without the
+    token. The client talking to it is the real one. Returns (server, [(method, path, auth)])."""
+    files = [p.as_posix() for p in model_image.model_files(folder)]
+    seen = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def answer(self, head: bool):
+            path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
+            seen.append((self.command, path, self.headers.get("Authorization")))
+            headers, body, code = {"Content-Type": "application/json"}, b"", 404
+            file = path.removeprefix(f"/{HUB_REPO}/resolve/{HUB_COMMIT}/")
+            if self.headers.get("Authorization") != f"Bearer {token}":
+                code, body = 401, b'{"error": "Access to this gated model is restricted."}'
+            elif path in (f"/api/models/{HUB_REPO}", f"/api/models/{HUB_REPO}/revision/main"):
+                code, body = 200, json.dumps({"id": HUB_REPO, "sha": HUB_COMMIT}).encode()
+            elif path == f"/api/models/{HUB_REPO}/tree/{HUB_COMMIT}":
+                tree = [{"type": "file", "path": f, "size": (folder / f).stat().st_size, "oid": f} for f in files]
+                code, body = 200, json.dumps(tree).encode()
+            elif file in files:
+                body = (folder / file).read_bytes()
+                code, headers = 200, {"X-Repo-Commit": HUB_COMMIT, "ETag": f'"{hashlib.sha1(body).hexdigest()}"'}
+            self.send_response(code)
+            for key, value in {**headers, "Content-Length": str(len(body))}.items():
+                self.send_header(key, value)
+            self.end_headers()
+            if not head:
+                self.wfile.write(body)
+
+        def do_GET(self):
+            self.answer(head=False)
+
+        def do_HEAD(self):
+            self.answer(head=True)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    Hub.seen.clear()
-    env = {**os.environ, "HF_TOKEN": secret, "HF_ENDPOINT": f"http://127.0.0.1:{server.server_port}"}
-    env.pop("HF_HUB_OFFLINE", None)
+    return server, seen
+
+
+def hub_env(server, tmp_path, token=None):
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")}
+    env.update(HF_ENDPOINT=f"http://127.0.0.1:{server.server_port}", HF_HOME=str(tmp_path / "hf-home"))
+    return {**env, "HF_TOKEN": token} if token else env
+
+
+def test_a_hub_id_is_downloaded_with_the_token_tagged_by_its_commit_and_the_token_written_nowhere(client, tmp_path):
+    secret = "hf_" + secrets.token_hex(16)
+    folder = trained.ensure()
+    server, seen = stand_in_hub(folder, secret)
+    tag = "gemma4-e2b-test/model:from-hub"
     try:
-        r = build_py("model-image", "google/gemma-4-E2B-it", "--tag", "gemma4-e2b-test/model:hub", env=env)
+        r = build_py("model-image", HUB_REPO, "--revision", "main", "--tag", tag, env=hub_env(server, tmp_path, secret))
     finally:
         server.shutdown()
-    assert r.returncode == 1
+    assert r.returncode == 0, r.stdout + r.stderr
+    image = client.images.get(tag)
+    assert image.labels[model_image.LABELS["revision"]] == HUB_COMMIT
+    assert image.labels[model_image.LABELS["source"]] == f"https://huggingface.co/{HUB_REPO}"
+    assert image_files(client, tag) == {
+        f"models/tiny-gemma4/{p.as_posix()}": (folder / p).read_bytes() for p in model_image.model_files(folder)
+    }
+    # The token went with every request, and into no output, image or file the download left.
+    assert {auth for _, path, auth in seen if path.startswith(("/api/models", f"/{HUB_REPO}"))} == {f"Bearer {secret}"}
+    assert secret not in r.stdout + r.stderr and places_holding(client, tag, secret) == []
+    left = [p for p in (tmp_path / "hf-home").rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+    assert left == []
+
+
+def test_a_hub_id_without_the_right_token_fails_in_one_line_and_makes_nothing(client, tmp_path):
+    wrong = "hf_" + secrets.token_hex(16)
+    server, seen = stand_in_hub(trained.ensure(), "hf_" + secrets.token_hex(16))
+    try:
+        r = build_py(
+            "model-image", HUB_REPO, "--tag", "gemma4-e2b-test/model:hub", env=hub_env(server, tmp_path, wrong)
+        )
+    finally:
+        server.shutdown()
+    assert r.returncode == 1 and seen
     lines = r.stderr.strip().splitlines()
-    assert lines[-1].startswith("error: cannot download google/gemma-4-E2B-it@main from http://127.0.0.1:"), lines
-    assert "Traceback" not in r.stderr and secret not in r.stdout + r.stderr
-    # The token went to the hub, as a gated model needs, and nowhere else; no image was made.
-    assert ("/api/models/google/gemma-4-E2B-it", f"Bearer {secret}") in Hub.seen, Hub.seen
-    assert {auth for _, auth in Hub.seen} <= {None, f"Bearer {secret}"}, Hub.seen
+    assert lines[-1].startswith(f"error: cannot download {HUB_REPO}@main from http://127.0.0.1:"), lines
+    assert "Traceback" not in r.stderr and wrong not in r.stdout + r.stderr
     assert not _exists(client, "gemma4-e2b-test/model:hub")
 
 
