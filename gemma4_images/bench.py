@@ -26,7 +26,7 @@ from pathlib import Path
 
 from testkit import tiny_model, trained
 
-from . import images, localbase, matrix
+from . import images, localbase, matrix, upstream
 from .image_code import gemma4_bench as harness  # the pure table helpers
 from .matrix import ROOT
 
@@ -560,7 +560,9 @@ def serving_bench(client, log, image: str = CPU_IMAGE) -> dict:
 
 STARTUP_ROUNDS = 3
 STARTUP_MAX_RATIO = 1.03
-STARTUP_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+# Both sides offline: our entrypoint sets HF_HUB_OFFLINE itself for a local model path.
+STARTUP_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+WORKDIR = "/opt/gemma4-e2b"  # our images' WORKDIR, where the serve flags' files sit
 
 
 def startup_commands(client, image: str) -> tuple[list[str], list[str]]:
@@ -590,9 +592,16 @@ def startup_commands(client, image: str) -> tuple[list[str], list[str]]:
 
 
 def time_to_health(
-    client, image: str, args: list[str], entrypoint: list[str] | None, model: Path, budget: float = 600
+    client,
+    image: str,
+    args: list[str],
+    entrypoint: list[str] | None,
+    model: Path,
+    budget: float = 600,
+    files: dict[str, str] | None = None,
 ) -> float:
-    """Seconds from `docker run` to the first 200 on /health; the container is always removed."""
+    """Seconds from `docker run` to the first 200 on /health; the container is always removed.
+    files: host path -> path under WORKDIR, mounted read-only (what the image would have copied)."""
     from .smoke import free_port, http
 
     port = free_port()
@@ -605,7 +614,11 @@ def time_to_health(
         network_mode="host",
         shm_size="1g",
         environment={**STARTUP_ENV, "GEMMA4_MODEL": "/models/tiny"},
-        volumes={str(model): {"bind": "/models/tiny", "mode": "ro"}},
+        volumes={
+            str(model): {"bind": "/models/tiny", "mode": "ro"},
+            **{host: {"bind": f"{WORKDIR}/{rel}", "mode": "ro"} for host, rel in (files or {}).items()},
+        },
+        working_dir=WORKDIR,
     )
     try:
         while time.monotonic() - start < budget:
@@ -631,9 +644,12 @@ def startup_bench(client, log, image: str = CPU_IMAGE, rounds: int = STARTUP_ROU
     base = localbase.cpu_base(client, m, log)
     model = trained.ensure()
     ours, bare = startup_commands(client, image)
+    # The base lacks the file the recipe's --chat-template names (our image copies it in from
+    # vLLM's sdist): the bare run gets it mounted at the same place.
+    files = {str(p): str(p.relative_to(upstream.STAGE)) for p in upstream.stage(m)}
     times: dict[str, list[float]] = {"bare": [], "ours": []}
     for n in range(rounds):
-        times["bare"].append(time_to_health(client, base, bare, ["vllm", "serve"], model))
+        times["bare"].append(time_to_health(client, base, bare, ["vllm", "serve"], model, files=files))
         times["ours"].append(time_to_health(client, image, ours, None, model))
         log(f"bench: start-up round {n + 1}/{rounds}: bare {times['bare'][-1]:.1f} s, ours {times['ours'][-1]:.1f} s")
     med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}

@@ -504,11 +504,22 @@ def verify(ref, key, policy, signatures, dest, attachments_dir, require_attachme
 @click.option("--pvc", default="gemma4-e2b-hf-cache", show_default=True, help="Claim for the HF cache.")
 @click.option("--no-pvc", is_flag=True, help="Keep the HF cache in an emptyDir instead.")
 @click.option("--secret", default="hf-token", show_default=True, help="Secret holding HF_TOKEN.")
-def k8s(target, replicas, image, pvc, no_pvc, secret):
+@click.option(
+    "--model-image",
+    callback=reference,
+    metavar="REF",
+    help="Serve the model from this `model-image` image (an image volume) instead of the hub and its cache.",
+)
+@click.option("--model-name", help="Its folder under /models (default: the last part of its repository).")
+def k8s(target, replicas, image, pvc, no_pvc, secret, model_image, model_name):
     """Print a Kubernetes Deployment + Service for TARGET."""
     from gemma4_images import k8s as k8s_mod
 
     m, name = load(), target
+    if model_name and not model_image:
+        fail("--model-name names the folder of a --model-image; give the image too", 2)
+    if model_image and not model_name:
+        model_name = registry_api.split_reference(model_image)[1].rsplit("/", 1)[-1]
     click.echo(
         k8s_mod.render_k8s(
             m,
@@ -517,6 +528,8 @@ def k8s(target, replicas, image, pvc, no_pvc, secret):
             image=image or publish.pushed_ref(name) or m.tag(name),
             hf_cache_pvc=None if no_pvc else pvc,
             hf_token_secret=secret,
+            model_image=model_image,
+            model_name=model_name,
         ),
         nl=False,
     )
@@ -639,6 +652,41 @@ def provenance_cmd(target, image, out, verify_path):
         click.echo(f"{verify_path} matches {contents.ref} ({contents.id})")
         return
     click.echo(write_provenance(contents, m, target, out))
+
+
+# -- model images: the model's files as an image, served with no hub at run time ----------------
+
+
+@cli.command("model-image")
+@click.argument("source")
+@click.option("--name", help="Folder under /models and image name (default: from SOURCE).")
+@click.option("--revision", help="Hub branch, tag or commit to download (hub ids only; default main).")
+@click.option(
+    "--tag", "image_tag", callback=reference, help="Local image reference (default gemma4-e2b-models/NAME:REVISION)."
+)
+@click.option(
+    "--registry",
+    metavar="HOST[:PORT][/NAMESPACE]",
+    callback=lambda ctx, param, value: value and registry_spec(ctx, param, value),
+    help="Also push to REGISTRY/models/NAME:REVISION (digest recorded in reports/pushed.json).",
+)
+def model_image_cmd(source, name, revision, image_tag, registry):
+    """Pack SOURCE (a model folder, or a hub id downloaded with HF_TOKEN from the environment) into
+    an image holding only its files at /models/NAME, tagged by the model's revision."""
+    from gemma4_images import model_image
+
+    try:
+        client = connect()
+        if registry:  # before the build: an unreachable registry is found in a second, not after
+            publish.check_registry(publish.split_registry(registry)[0])
+        built = model_image.build(client, source, name=name, revision=revision, tag=image_tag, log=log)
+        log(f"{built.ref}: {built.path} at {built.revision} ({built.image_id[:19]})")
+        click.echo(built.ref)
+        if registry:
+            entry = model_image.push(client, built.ref, registry, log=log)
+            click.echo(f"{entry['repository']}@{entry['digest']}")
+    except model_image.ModelImageError as e:
+        fail(str(e))
 
 
 def main():

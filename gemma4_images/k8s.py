@@ -9,7 +9,7 @@ import textwrap
 
 import yaml
 
-from .matrix import Matrix
+from .matrix import Matrix, model_path
 
 # Not /root/.cache/huggingface as in `docker run`: /root is 0700 in the images, so a non-root pod
 # cannot reach it (measured). One path for every target, named by HF_HOME.
@@ -22,6 +22,11 @@ READY_COMMAND = ["gemma4-serve", "--ready"]
 # A writable /tmp for a read-only root: vLLM, torch.compile and HOME (set by the entrypoint for a
 # uid without an account) write there. An emptyDir allows exec, which torch.compile needs.
 TMP = "/tmp"
+# A model image (`build.py model-image`) reaches the pod as an `image` volume (KEP-4639; beta and on
+# by default from Kubernetes 1.35, subPath from 1.33): read-only files at /models/<name>, as in
+# the image, so nothing is downloaded and the entrypoint serves that path with the hub offline.
+MODEL_VOLUME = "model"
+IMAGE_VOLUME_SINCE = "1.33"
 GRACE_WHY = (
     "on SIGTERM vLLM aborts what is in flight, ends each request with a 503 (shutdown-ends-requests) "
     "and exits 0: measured 1-3 s on the CPU tier during traffic, not yet on accelerators; raise it "
@@ -61,7 +66,21 @@ def shm_size(matrix: Matrix, name: str) -> str:
     return "16Gi"
 
 
-def _env(matrix: Matrix, name: str, secret: str) -> list[dict]:
+def _model_pieces(reference: str, name: str) -> dict:
+    """The pod's volume, the container's mount and env for a model image holding /models/<name>."""
+    return {
+        "volume": {"name": MODEL_VOLUME, "image": {"reference": reference, "pullPolicy": "IfNotPresent"}},
+        "volumeMount": {
+            "name": MODEL_VOLUME,
+            "mountPath": model_path(name),
+            "subPath": model_path(name).lstrip("/"),
+            "readOnly": True,
+        },
+        "env": {"name": "GEMMA4_MODEL", "value": model_path(name)},
+    }
+
+
+def _env(matrix: Matrix, name: str, secret: str, model: dict | None = None) -> list[dict]:
     t = matrix.targets[name]
     family = matrix.families[t.family]
     # The family's ENV (in the image too, spelled out here) and the recipe's `docker run -e` values,
@@ -69,7 +88,12 @@ def _env(matrix: Matrix, name: str, secret: str) -> list[dict]:
     env = {**family.env, **{k: v for k, v in t.run.env.items() if k not in family.kubernetes.plugin_env}}
     out = [{"name": k, "value": v} for k, v in env.items()]
     out.append({"name": "HF_HOME", "value": HF_HOME})
-    out.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret, "key": "token", "optional": True}}})
+    if model:
+        out.append(model["env"])  # served from the image's files: no token, no download
+    else:
+        out.append(
+            {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret, "key": "token", "optional": True}}}
+        )
     return out
 
 
@@ -99,7 +123,7 @@ def _image(matrix: Matrix, name: str, image: str | None, digest: str | None) -> 
     return f"{ref}@{digest}" if digest and "@" not in ref else ref
 
 
-def _container(matrix: Matrix, name: str, image: str, secret: str) -> dict:
+def _container(matrix: Matrix, name: str, image: str, secret: str, model: dict | None = None) -> dict:
     t = matrix.targets[name]
     resource, port = _family(matrix, name).kubernetes.device_resource, matrix.project.port
     health = {"httpGet": {"path": "/health", "port": HTTP}}
@@ -108,13 +132,16 @@ def _container(matrix: Matrix, name: str, image: str, secret: str) -> dict:
         "image": image,
         "imagePullPolicy": "IfNotPresent",
         "ports": [{"name": HTTP, "containerPort": port}],
-        "env": _env(matrix, name, secret),
+        "env": _env(matrix, name, secret, model),
+        # The API keeps the recipe's model name when the files come from a model image.
+        **({"args": ["--served-model-name", matrix.project.model]} if model else {}),
         **({"resources": {"limits": {resource: t.kubernetes.devices}}} if resource else {}),
         "securityContext": _security(matrix, name)[1],
         "volumeMounts": [
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": "hf-cache", "mountPath": HF_HOME},
             *([{"name": "tmp", "mountPath": TMP}] if read_only(matrix, name) else []),
+            *([model["volumeMount"]] if model else []),
         ],
         # Warm-up (download, load, compile) gets the target's whole budget before liveness counts.
         "startupProbe": {
@@ -142,10 +169,11 @@ def _family(matrix: Matrix, name: str):
     return matrix.families[matrix.targets[name].family]
 
 
-def _pod(matrix: Matrix, name: str, container: dict, pvc: str | None) -> dict:
+def _pod(matrix: Matrix, name: str, container: dict, pvc: str | None, model: dict | None = None) -> dict:
     t = matrix.targets[name]
     pod_sc = _security(matrix, name)[0]
-    cache = {"persistentVolumeClaim": {"claimName": pvc}} if pvc else {"emptyDir": {}}
+    # With a model image nothing is downloaded: HF_HOME stays writable on an emptyDir.
+    cache = {"persistentVolumeClaim": {"claimName": pvc}} if pvc and not model else {"emptyDir": {}}
     return {
         # SIGTERM ends the requests in flight with a 503 (shutdown-ends-requests) and vLLM exits;
         # this is how long that may take before the kubelet kills it.
@@ -160,16 +188,21 @@ def _pod(matrix: Matrix, name: str, container: dict, pvc: str | None) -> dict:
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size(matrix, name)}},
             {"name": "hf-cache", **cache},
             *([{"name": "tmp", "emptyDir": {}}] if read_only(matrix, name) else []),
+            *([model["volume"]] if model else []),
         ],
     }
 
 
-def _header(matrix: Matrix, name: str, pvc: str | None, secret: str) -> str:
+def _header(matrix: Matrix, name: str, pvc: str | None, secret: str, model_image: str | None = None) -> str:
     t = matrix.targets[name]
     resource = _family(matrix, name).kubernetes.device_resource
-    needs = (
-        ([f"the {resource} device plugin"] if resource else [])
-        + ([f"PersistentVolumeClaim {pvc} (ReadWriteMany for more than one replica)"] if pvc else [])
+    needs = ([f"the {resource} device plugin"] if resource else []) + (
+        [
+            f"Kubernetes {IMAGE_VOLUME_SINCE}+ with image volumes (the ImageVolume feature, on by default "
+            f"from 1.35) and a runtime that supports them, for the model image {model_image}"
+        ]
+        if model_image
+        else ([f"PersistentVolumeClaim {pvc} (ReadWriteMany for more than one replica)"] if pvc else [])
         + [f"optionally Secret {secret} with key token (HF_TOKEN)"]
     )
     notes = [
@@ -193,13 +226,18 @@ def render_k8s(
     *,
     hf_cache_pvc: str | None = "gemma4-e2b-hf-cache",
     hf_token_secret: str = "hf-token",
+    model_image: str | None = None,
+    model_name: str | None = None,
 ) -> str:
     """Deployment + Service (multi-document YAML). image may already be repo@digest (from
-    reports/pushed.json); hf_cache_pvc=None keeps the cache in the pod (an emptyDir)."""
+    reports/pushed.json); hf_cache_pvc=None keeps the cache in the pod (an emptyDir). model_image
+    (a `build.py model-image` reference holding /models/<model_name>) is mounted instead of the
+    HF cache and token."""
     app = f"{matrix.project.image}-{name}"
     labels = {"app.kubernetes.io/name": matrix.project.image, "app.kubernetes.io/instance": app}
     on_device = _family(matrix, name).kubernetes.device_resource is not None
-    container = _container(matrix, name, _image(matrix, name, image, digest), hf_token_secret)
+    model = _model_pieces(model_image, model_name) if model_image else None
+    container = _container(matrix, name, _image(matrix, name, image, digest), hf_token_secret, model)
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -213,7 +251,7 @@ def render_k8s(
                 if on_device
                 else {}
             ),
-            "template": {"metadata": {"labels": labels}, "spec": _pod(matrix, name, container, hf_cache_pvc)},
+            "template": {"metadata": {"labels": labels}, "spec": _pod(matrix, name, container, hf_cache_pvc, model)},
         },
     }
     service = {
@@ -223,7 +261,9 @@ def render_k8s(
         "spec": {"selector": labels, "ports": [{"name": HTTP, "port": matrix.project.port, "targetPort": HTTP}]},
     }
     dump = lambda doc: yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=110)  # noqa: E731
-    return _header(matrix, name, hf_cache_pvc, hf_token_secret) + dump(deployment) + "---\n" + dump(service)
+    return (
+        _header(matrix, name, hf_cache_pvc, hf_token_secret, model_image) + dump(deployment) + "---\n" + dump(service)
+    )
 
 
 def _shm_reason(matrix: Matrix, name: str) -> str:

@@ -18,6 +18,12 @@ RESERVED_NAMES = ("all",)  # CLI words that stand for every target
 SHA256_DIGEST = r"^sha256:[0-9a-f]{64}$"
 # Where images hold the BOS tokenizer copy (patches/gemma4-bos-tokenizer) when a target bakes it.
 TOKENIZER_PATH = "/opt/gemma4-e2b/tokenizer"
+# Where a model image holds its files (/models/<name>), and where pods and containers mount them.
+MODELS_ROOT = "/models"
+
+
+def model_path(name: str) -> str:
+    return f"{MODELS_ROOT}/{name}"
 
 
 class MatrixError(Exception):

@@ -470,8 +470,17 @@ def planned_checks(matrix: Matrix, target: str, launch: list[str], scripted: boo
 # -- the run -------------------------------------------------------------------------------------
 
 
-def _container(matrix: Matrix, target: str, image: str, model: str | None, port: int, extra_args: list[str] = ()):
-    """The container as targets.yaml says to run it, bound to 127.0.0.1:port, plus the model."""
+def _container(
+    matrix: Matrix,
+    target: str,
+    image: str,
+    model: str | None,
+    port: int,
+    extra_args: list[str] = (),
+    network_mode: str = "host",
+):
+    """The container as targets.yaml says to run it, bound to 127.0.0.1:port, plus the model.
+    network_mode "none": no network at all, reached through `docker exec` (the model-image proof)."""
     t = matrix.targets[target]
     kw = running.sdk_kwargs(t.run)
     env = {**kw.pop("environment"), **t.smoke.env}
@@ -480,7 +489,7 @@ def _container(matrix: Matrix, target: str, image: str, model: str | None, port:
         kw["shm_size"] = t.smoke.shm_size
     if t.smoke.user:
         kw["user"] = t.smoke.user
-    container = LoopbackContainer(image, network_mode="host", **kw)
+    container = LoopbackContainer(image, network_mode=network_mode, **kw)
     served = matrix.project.model
     if model and Path(model).exists():
         mount = f"{MODEL_MOUNT}/{Path(model).name}"

@@ -10,6 +10,8 @@ Chosen at `docker run` time, without rebuilding:
   GEMMA4_FEATURES  tool_calling,reasoning,...  replaces the target's defaults;
                    +spec_decoding,-reasoning   edits them;  none  turns all off
   GEMMA4_MODEL     a hub id or a path inside the container, instead of the variant's model
+                   (a path, with nothing else in the launch naming a hub repository, turns on the
+                   hub's offline mode: HF_HUB_OFFLINE=1, unless HF_HUB_OFFLINE is set already)
 Own options (removed before the launch): --print-command, --self-check, --healthcheck, --ready,
 --write-build-info PATH (and --probe PLAN, the self-check's child).
 """
@@ -162,6 +164,55 @@ def refuse_audio(recipe: dict, cmd: list[str]) -> list[str]:
             value = json.dumps({**limits, "audio": 0})
             return cmd[:i] + ([f"{MM_LIMIT}={value}"] if eq else [MM_LIMIT, value]) + cmd[i + 2 - bool(eq) :]
     return cmd + [MM_LIMIT, json.dumps({"audio": 0})]
+
+
+# huggingface_hub 2.4.0 reads HF_HUB_OFFLINE, or its older alias TRANSFORMERS_OFFLINE, once at
+# import (huggingface_hub/constants.py: HF_HUB_OFFLINE = ...get("HF_HUB_OFFLINE") or
+# ...get("TRANSFORMERS_OFFLINE")); vLLM 0.30.0 passes that on as local_files_only
+# (vllm/transformers_utils/config.py, tokenizers/registry.py, model_loader/weight_utils.py) and
+# transformers 5.24 asks huggingface_hub (transformers/utils/hub.py, is_offline_mode). One variable
+# covers all three; TRANSFORMERS_OFFLINE is read by nothing else in the image.
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1"}
+OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+
+
+def is_local(ref: str) -> bool:
+    """A path inside the container rather than a hub id (OWNER/NAME is both; it counts as a path
+    only when such a folder exists)."""
+    return ref.startswith(("/", "./", "../")) or os.path.isdir(ref)
+
+
+def hub_references(recipe: dict, cmd: list[str]) -> list[str]:
+    """What the launch would fetch from the hub: the model, a --tokenizer and a speculative
+    model, each when it is not a local path."""
+    refs = [_model_arg(recipe, cmd), flag_value(cmd, "--tokenizer")]
+    spec = flag_value(cmd, "--speculative-config")
+    if spec:
+        try:
+            refs.append(json.loads(spec).get("model"))
+        except (ValueError, AttributeError):
+            pass
+    return [r for r in refs if r and not is_local(r)]
+
+
+def _model_arg(recipe: dict, cmd: list[str]) -> str:
+    return flag_value(cmd, "--model") if recipe["model_arg"] == "flag" else cmd[len(recipe["command"])]
+
+
+def offline_env(recipe: dict, env: dict, cmd: list[str]) -> tuple[dict, str | None]:
+    """(the variables that put the hub client offline, or {}; a note saying why not, or None).
+    Offline when the model is a local path and nothing else in the launch names a hub repository,
+    so start-up can never reach for the hub; a value the user set is left as it is."""
+    if any(var in env for var in OFFLINE_VARS) or not is_local(_model_arg(recipe, cmd)):
+        return {}, None
+    remote = hub_references(recipe, cmd)
+    if remote:
+        return (
+            {},
+            f"the model is a local path but the launch also names {', '.join(remote)} on the hub: "
+            "HF_HUB_OFFLINE is not set",
+        )
+    return dict(OFFLINE_ENV), None
 
 
 def guard_warnings(recipe: dict, env: dict, user_args: list[str]) -> list[str]:
@@ -469,7 +520,7 @@ def served_model(cmd: list[str], recipe: dict) -> str:
     names = flag_value(cmd, "--served-model-name")
     if names:
         return names
-    return flag_value(cmd, "--model") if recipe["model_arg"] == "flag" else cmd[len(recipe["command"])]
+    return _model_arg(recipe, cmd)
 
 
 def ready(recipe: dict) -> int:
@@ -517,9 +568,17 @@ def main(argv: list[str]) -> int:
     except UsageError as e:
         print(f"gemma4-serve: error: {e}", file=sys.stderr)
         return 2
-    for w in warnings:
+    offline, why_not = offline_env(recipe, env, cmd)
+    for w in warnings + ([why_not] if why_not else []):
         print(f"gemma4-serve: warning: {w}", file=sys.stderr)
     if "--print-command" in modes:
+        if offline:
+            # A line a shell runs as it stands; readers of the launch take the last line.
+            assignments = " ".join(f"{k}={v}" for k, v in offline.items())
+            print(
+                f"export {assignments}  # set by gemma4-serve: the model is a local path, "
+                "nothing is fetched from the hub"
+            )
         print(shlex.join(cmd))
         return 0
     port = flag_value(cmd, "--port") or str(recipe["port"])
@@ -530,8 +589,13 @@ def main(argv: list[str]) -> int:
             f.write(served_model(cmd, recipe))
     except OSError:
         pass  # the probes fall back to the recipe's port and model
+    if offline:
+        print(
+            f"gemma4-serve: {' '.join(f'{k}={v}' for k, v in offline.items())}: the model is a local path",
+            file=sys.stderr,
+        )
     sys.stdout.flush()
-    os.environ.update(non_root_env(dict(os.environ)))
+    os.environ.update({**non_root_env(dict(os.environ)), **offline})
     os.execvp(cmd[0], cmd)
     return 127
 

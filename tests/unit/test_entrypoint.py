@@ -2,6 +2,7 @@
 recipe's "what not to do" guards. These import the very file the images run."""
 
 import json
+import shlex
 
 import pytest
 
@@ -246,3 +247,61 @@ def test_a_broken_recipe_file_is_one_line_naming_it(tmp_path, monkeypatch, capsy
 def test_write_build_info_without_a_path_is_a_usage_error(m, tmp_path, monkeypatch, capsys):
     assert run_main(tmp_path, monkeypatch, m.recipe("h100"), ["--write-build-info"]) == 2
     assert "--write-build-info takes one argument" in capsys.readouterr().err
+
+
+# -- the hub's offline mode for a local model -------------------------------------------------------
+
+
+def serve_env(tmp_path, monkeypatch, recipe, env, argv=()):
+    """The environment the entrypoint hands to vLLM (os.execvp stubbed: nothing is started)."""
+    seen = {}
+    monkeypatch.setattr(serve.os, "environ", {k: v for k, v in serve.os.environ.items() if k not in serve.OFFLINE_VARS})
+    monkeypatch.setattr(serve, "PORT_FILE", str(tmp_path / "port"))
+    monkeypatch.setattr(serve, "SERVED_FILE", str(tmp_path / "served"))
+    monkeypatch.setattr(serve.os, "execvp", lambda exe, cmd: seen.update(env=dict(serve.os.environ), cmd=cmd))
+    path = tmp_path / "recipe.json"
+    path.write_text(json.dumps(recipe))
+    serve.os.environ.update({"GEMMA4_RECIPE": str(path), **env})
+    serve.main(list(argv))
+    return seen["env"]
+
+
+def test_a_local_model_is_served_with_the_hub_offline(m, tmp_path, monkeypatch, capsys):
+    env = serve_env(tmp_path, monkeypatch, m.recipe("xeon6"), {"GEMMA4_MODEL": "/models/tiny"})
+    assert env["HF_HUB_OFFLINE"] == "1"
+    assert "HF_HUB_OFFLINE=1: the model is a local path" in capsys.readouterr().err
+
+
+def test_a_hub_model_is_served_online(m, tmp_path, monkeypatch):
+    assert "HF_HUB_OFFLINE" not in serve_env(tmp_path, monkeypatch, m.recipe("xeon6"), {})
+    # OWNER/NAME is a hub id unless such a folder exists here.
+    monkeypatch.chdir(tmp_path)
+    assert "HF_HUB_OFFLINE" not in serve_env(tmp_path, monkeypatch, m.recipe("xeon6"), {"GEMMA4_MODEL": "org/tiny"})
+    (tmp_path / "org" / "tiny").mkdir(parents=True)
+    assert serve_env(tmp_path, monkeypatch, m.recipe("xeon6"), {"GEMMA4_MODEL": "org/tiny"})["HF_HUB_OFFLINE"] == "1"
+
+
+def test_offline_is_not_set_when_the_launch_needs_the_hub_or_the_user_chose(m, tmp_path, monkeypatch, capsys):
+    local = {"GEMMA4_MODEL": "/models/tiny"}
+    # spec_decoding's drafter is a hub id: offline would make the start-up fail.
+    env = serve_env(tmp_path, monkeypatch, m.recipe("h100"), {**local, "GEMMA4_FEATURES": "+spec_decoding"})
+    assert "HF_HUB_OFFLINE" not in env
+    assert "google/gemma-4-E2B-it-assistant on the hub: HF_HUB_OFFLINE is not set" in capsys.readouterr().err
+    env = serve_env(tmp_path, monkeypatch, m.recipe("xeon6"), local, ["--tokenizer", "google/gemma-4-E2B-it"])
+    assert "HF_HUB_OFFLINE" not in env
+    env = serve_env(tmp_path, monkeypatch, m.recipe("xeon6"), {**local, "HF_HUB_OFFLINE": "0"})
+    assert env["HF_HUB_OFFLINE"] == "0"
+
+
+def test_print_command_says_the_hub_is_offline(m, tmp_path, monkeypatch, capsys):
+    for var in serve.OFFLINE_VARS:
+        monkeypatch.delenv(var, raising=False)
+    recipe = m.recipe("xeon6")
+    assert run_main(tmp_path, monkeypatch, recipe, ["--print-command"], {"GEMMA4_MODEL": "/models/tiny"}) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("export HF_HUB_OFFLINE=1  # ")
+    assert shlex.split(lines[-1]) == serve.compose(recipe, {"GEMMA4_MODEL": "/models/tiny"}, [])
+    # A hub model: the launch alone, one line, as before.
+    monkeypatch.delenv("GEMMA4_MODEL")
+    assert run_main(tmp_path, monkeypatch, recipe, ["--print-command"]) == 0
+    assert shlex.split(capsys.readouterr().out) == m.recipe_launch("xeon6")

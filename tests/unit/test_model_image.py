@@ -1,0 +1,144 @@
+"""Model images without an engine: the revision of a local folder, the layer's layout and modes,
+names, and the pod pieces that mount the image, validated against the Kubernetes API schema."""
+
+import io
+import tarfile
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from gemma4_images import k8s, matrix, model_image
+
+M = matrix.load()
+# Image volumes exist in the API from 1.31 (alpha); subPath into them works from 1.33 (beta).
+VERSIONS = ["1.33.0", kubernetes_validate.latest_version()]
+REF = "127.0.0.1:5000/models/tiny-gemma4-trained@sha256:" + "b" * 64
+
+
+def folder(tmp_path, files):
+    for name, data in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(data)
+    return tmp_path
+
+
+def revision(path):
+    return model_image.content_revision(path, model_image.check_folder(path))
+
+
+def test_content_revision_follows_names_and_bytes_not_times_or_modes(tmp_path):
+    base = folder(tmp_path / "a", {"config.json": b"{}", "model.safetensors": b"w" * 10})
+    first = revision(base)
+    assert first.startswith("content-sha256:") and revision(base) == first
+    (base / "model.safetensors").chmod(0o600)
+    (base / "config.json").touch()
+    assert revision(base) == first
+    (base / "model.safetensors").write_bytes(b"w" * 9 + b"x")
+    assert revision(base) != first
+    moved = folder(tmp_path / "b", {"config.json": b"{}", "weights.safetensors": b"w" * 10})
+    assert revision(moved) != first
+
+
+def test_hidden_entries_are_not_the_model(tmp_path):
+    base = folder(tmp_path, {"config.json": b"{}", ".cache/huggingface/x.lock": b"", ".gitattributes": b"*"})
+    assert [p.as_posix() for p in model_image.model_files(base)] == ["config.json"]
+
+
+def test_a_folder_without_config_is_refused_in_one_line(tmp_path):
+    with pytest.raises(model_image.ModelImageError, match="no config.json"):
+        model_image.check_folder(folder(tmp_path, {"weights.bin": b""}))
+
+
+def test_layer_puts_the_files_at_models_name_readable_by_anyone(tmp_path):
+    base = folder(tmp_path, {"config.json": b"{}", "sub/tokenizer.json": b"t"})
+    (base / "config.json").chmod(0o600)
+    out = io.BytesIO()
+    model_image.write_layer(out, base, model_image.check_folder(base), "tiny")
+    out.seek(0)
+    with tarfile.open(fileobj=out) as tar:
+        members = {m.name: m for m in tar}
+        assert tar.extractfile("models/tiny/sub/tokenizer.json").read() == b"t"
+    assert sorted(members) == [
+        "models",
+        "models/tiny",
+        "models/tiny/config.json",
+        "models/tiny/sub",
+        "models/tiny/sub/tokenizer.json",
+    ]
+    assert {m.mode for m in members.values() if m.isfile()} == {0o644}
+    assert {(m.uid, m.gid, m.mtime) for m in members.values()} == {(0, 0, 0)}
+    again = io.BytesIO()
+    model_image.write_layer(again, base, model_image.check_folder(base), "tiny")
+    assert again.getvalue() == out.getvalue()  # the same files, the same layer digest
+
+
+@pytest.mark.parametrize(
+    "source, name",
+    [("google/gemma-4-E2B-it", "gemma-4-e2b-it"), ("/data/My Model_v2/", "my-model-v2"), ("./tiny", "tiny")],
+)
+def test_default_names(source, name):
+    assert model_image.default_name(source) == name
+
+
+def test_names_an_image_cannot_carry_are_refused():
+    for bad in ("Tiny", "a/b", "-x", ""):
+        with pytest.raises(model_image.ModelImageError, match="--name"):
+            model_image.check_name(bad)
+
+
+def test_tags_are_revisions():
+    assert model_image.tag_for("0123456789abcdef0123456789abcdef01234567") == "0123456789ab"
+    assert model_image.tag_for("content-sha256:" + "f" * 64) == "content-ffffffffffff"
+
+
+def pod_with_model_image():
+    """The xeon6 Deployment with the model image mounted: an image volume at /models/<name>, the HF
+    cache an emptyDir (HF_HOME stays writable under the read-only root; nothing is downloaded into
+    it) and no HF_TOKEN."""
+    deployment = list(
+        yaml.safe_load_all(k8s.render_k8s(M, "xeon6", model_image=REF, model_name="tiny-gemma4-trained"))
+    )[0]
+    spec = deployment["spec"]["template"]["spec"]
+    container = spec["containers"][0]
+    pieces = {
+        "volume": next(v for v in spec["volumes"] if v["name"] == k8s.MODEL_VOLUME),
+        "volumeMount": next(v for v in container["volumeMounts"] if v["name"] == k8s.MODEL_VOLUME),
+    }
+    return deployment, container, pieces
+
+
+def test_the_model_image_replaces_the_cache_claim_and_the_token():
+    deployment, container, _ = pod_with_model_image()
+    spec = deployment["spec"]["template"]["spec"]
+    assert {"name": "hf-cache", "emptyDir": {}} in spec["volumes"]
+    assert "HF_TOKEN" not in {e["name"] for e in container["env"]}
+    plain = list(yaml.safe_load_all(k8s.render_k8s(M, "xeon6")))[0]["spec"]["template"]["spec"]
+    assert "persistentVolumeClaim" in next(v for v in plain["volumes"] if v["name"] == "hf-cache")
+    assert "image volumes" in k8s.render_k8s(M, "xeon6", model_image=REF, model_name="x").split("apiVersion")[0]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_pod_mounting_the_model_image_validates(version):
+    deployment, _, _ = pod_with_model_image()
+    kubernetes_validate.validate(deployment, version, strict=True)
+
+
+def test_the_pieces_agree_with_the_image_layout():
+    _, container, pieces = pod_with_model_image()
+    mount, env = pieces["volumeMount"], {e["name"]: e.get("value") for e in container["env"]}
+    # The image holds models/<name>/...; the mount shows that folder where GEMMA4_MODEL points.
+    assert mount["readOnly"] is True and "/" + mount["subPath"] == mount["mountPath"] == env["GEMMA4_MODEL"]
+    assert env["GEMMA4_MODEL"] == matrix.model_path("tiny-gemma4-trained")
+    assert pieces["volume"]["image"] == {"reference": REF, "pullPolicy": "IfNotPresent"}
+    assert container["args"][-2:] == ["--served-model-name", M.project.model]
+
+
+def test_the_validator_rejects_an_image_volume_where_the_cluster_has_none():
+    deployment, _, _ = pod_with_model_image()
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, "1.30.0", strict=True)  # no `image` volumes before 1.31
+    image = deployment["spec"]["template"]["spec"]["volumes"][-1]["image"]
+    image["pulPolicy"] = image.pop("pullPolicy")  # a typo a cluster would refuse
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, VERSIONS[-1], strict=True)
