@@ -64,7 +64,7 @@ def test_healthcheck_entrypoint_env_and_files(client, m, built, name):
     assert config["Healthcheck"]["StartPeriod"] == budget * 10**9
     assert config["Entrypoint"] == ["gemma4-serve"]
     env = dict(e.split("=", 1) for e in config["Env"])
-    for key, value in m.targets[name].env.items():
+    for key, value in m.families[m.targets[name].family].env.items():
         assert env[key] == value
     # Every file any selectable feature names is in the image (the build's self-check ran too).
     out = client.containers.run(built[1][name], ["--self-check"], remove=True, network_mode="host")
