@@ -44,7 +44,12 @@ def serving_image(client, m, cpu_base):
     """The CPU image as cpu_image builds it (same inputs, so the same cached layers), under a test
     tag: the shared tag stays what the rest of the suite built."""
     return images.build_target(
-        client, m, "xeon6", tokenizer_source=str(tiny_model.ensure()), tag="gemma4-e2b-test/xeon6:model-image", log=print
+        client,
+        m,
+        "xeon6",
+        tokenizer_source=str(tiny_model.ensure()),
+        tag="gemma4-e2b-test/xeon6:model-image",
+        log=print,
     )
 
 
