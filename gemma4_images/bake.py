@@ -77,12 +77,7 @@ def build_args(matrix: Matrix, name: str) -> dict[str, str]:
     default tokenizer source, per-commit facts as variables."""
     t = matrix.targets[name]
     bos_copy_of = matrix.project.model if t.bos_tokenizer else ""
-    args = {
-        "BASE_IMAGE": t.base.ref,
-        **facts.fix_args(matrix, name),
-        **facts.audio_args(matrix, name, Var(WHEELS_URL[0])),
-        **facts.facts(matrix, name, t.base.ref, t.base.digest or "", bos_copy_of),
-    }
+    args = facts.build_args(matrix, name, t.base.ref, t.base.digest or "", Var(WHEELS_URL[0]), bos_copy_of)
     for arg, (var, _) in PER_COMMIT.items():
         args[arg] = Var(var)
     return args

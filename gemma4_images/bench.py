@@ -33,7 +33,7 @@ from .matrix import ROOT
 TARGET = "xeon6"
 BENCH_TAG = "gemma4-e2b-bench/xeon6:build"
 BASE_BENCH_TAG = "gemma4-e2b-bench/vllm-cpu:cold"
-CPU_IMAGE = matrix.load().tiny_tag(TARGET)
+TINY = matrix.model_path("tiny")  # where every run mounts the tiny trained model
 CONTEXT_ITEMS = ["image", "patches", ".dockerignore"]
 FS_INSTRUCTIONS = ("COPY", "ADD", "RUN")
 NOCHANGE_MAX_STEPS = 0
@@ -281,10 +281,9 @@ def scenario(name, seconds, steps, cold_s, changed, before_args, after_args) -> 
     return s
 
 
-def build_bench(client, log, base: str | None = None, with_base: bool = False) -> dict:
+def build_bench(client, log, m: matrix.Matrix, base: str | None = None, with_base: bool = False) -> dict:
     """with_base also times a no-cache build of the local base (minutes on 2 cores), under a
     bench tag that is removed afterwards: the shared base is left as it is."""
-    m = matrix.load()
     base_cold_s = None
     if with_base and not base:
         log(f"bench: cold build of the local base as {BASE_BENCH_TAG} (no cache)")
@@ -460,9 +459,9 @@ def docker_bench_cmd(image: str, model: Path, mount_harness: bool, argv: list[st
         "-e",
         "VLLM_CPU_KVCACHE_SPACE=1",
         "-e",
-        "GEMMA4_MODEL=/models/tiny",
+        f"GEMMA4_MODEL={TINY}",
         "-v",
-        f"{model}:/models/tiny:ro",
+        f"{model}:{TINY}:ro",
     ]
     if mount_harness:
         cmd += ["-v", f"{ROOT / 'image' / 'gemma4_bench.py'}:/usr/local/bin/gemma4-bench:ro"]
@@ -472,7 +471,7 @@ def docker_bench_cmd(image: str, model: Path, mount_harness: bool, argv: list[st
 OFFLINE_TINY = [
     "offline",
     "--model",
-    "/models/tiny",
+    TINY,
     "--scale",
     "0.05",
     "--enforce-eager",
@@ -538,11 +537,11 @@ def harness_json(stdout: str) -> dict:
     return json.loads(stdout[stdout.index("\n{") + 1 :] if not stdout.startswith("{") else stdout)
 
 
-def serving_bench(client, log, image: str = CPU_IMAGE) -> dict:
+def serving_bench(client, log, m: matrix.Matrix, image: str | None = None) -> dict:
+    image = image or m.tiny_tag(TARGET)
     if client.images.list(name=image) == []:
-        m = matrix.load()
         localbase.cpu_base(client, m, log)
-        images.build_target(client, m, "xeon6", tokenizer_source=str(tiny_model.ensure()), tag=image, log=log)
+        images.build_target(client, m, TARGET, tokenizer_source=str(tiny_model.ensure()), tag=image, log=log)
     offline, off_s, shipped = run_harness(client, image, OFFLINE_TINY, log)
     served, srv_s, _ = run_harness(client, image, SERVED_TINY, log)
     offline.pop("continuations", None)
@@ -565,18 +564,18 @@ STARTUP_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
 WORKDIR = "/opt/gemma4-e2b"  # our images' WORKDIR, where the serve flags' files sit
 
 
-def startup_commands(client, image: str) -> tuple[list[str], list[str]]:
+def startup_commands(client, m: matrix.Matrix, image: str) -> tuple[list[str], list[str]]:
     """(our image's arguments, the bare base's arguments) for the same vLLM launch: the image's own
     launch with the CPU tier's flags; the bare run drops what only our image has (the baked BOS
     copy as --tokenizer) and names the model folder, as a user of the base alone would."""
-    t = matrix.load().targets[TARGET]
+    t = m.targets[TARGET]
     ours = [*t.smoke.args, "--host", "127.0.0.1", "--port", "{port}"]
     out = client.containers.run(
         image,
         ["--print-command", *ours],
         remove=True,
         network_mode="host",
-        environment={"GEMMA4_MODEL": "/models/tiny"},
+        environment={"GEMMA4_MODEL": TINY},
     ).decode()
     launch = shlex.split(out.strip().splitlines()[-1])
     bare, skip = [], False
@@ -613,9 +612,9 @@ def time_to_health(
         detach=True,
         network_mode="host",
         shm_size="1g",
-        environment={**STARTUP_ENV, "GEMMA4_MODEL": "/models/tiny"},
+        environment={**STARTUP_ENV, "GEMMA4_MODEL": TINY},
         volumes={
-            str(model): {"bind": "/models/tiny", "mode": "ro"},
+            str(model): {"bind": TINY, "mode": "ro"},
             **{host: {"bind": f"{WORKDIR}/{rel}", "mode": "ro"} for host, rel in (files or {}).items()},
         },
         working_dir=WORKDIR,
@@ -638,12 +637,12 @@ def time_to_health(
         container.remove(force=True)
 
 
-def startup_bench(client, log, image: str = CPU_IMAGE, rounds: int = STARTUP_ROUNDS) -> dict:
+def startup_bench(client, log, m: matrix.Matrix, image: str | None = None, rounds: int = STARTUP_ROUNDS) -> dict:
     """Alternating rounds (bare first) so that drift on the machine touches both sides alike."""
-    m = matrix.load()
+    image = image or m.tiny_tag(TARGET)
     base = localbase.cpu_base(client, m, log)
     model = trained.ensure()
-    ours, bare = startup_commands(client, image)
+    ours, bare = startup_commands(client, m, image)
     # The base lacks the file the recipe's --chat-template names (our image copies it in from
     # vLLM's sdist): the bare run gets it mounted at the same place.
     files = {str(p): str(p.relative_to(upstream.STAGE)) for p in upstream.stage(m)}
@@ -670,23 +669,23 @@ def startup_bench(client, log, image: str = CPU_IMAGE, rounds: int = STARTUP_ROU
 # -- load, client faults and a stop during traffic ------------------------------------------------
 
 
-def load_bench(client, log, image: str = CPU_IMAGE, rounds: int = 3) -> dict:
+def load_bench(client, log, m: matrix.Matrix, image: str | None = None, rounds: int = 3) -> dict:
     """The recipe's 64 concurrent streams plus 16 plain requests against one server, `rounds` times,
     against a single request measured in the same run; then hang-ups and a stop during traffic."""
     from . import running, traffic
     from .smoke import free_port, wait_healthy
 
     model, port = trained.ensure(), free_port()
-    url, served = f"http://127.0.0.1:{port}", "google/gemma-4-E2B-it"
-    t = matrix.load().targets[TARGET]
+    url, served = f"http://127.0.0.1:{port}", m.project.model
+    image, t = image or m.tiny_tag(TARGET), m.targets[TARGET]
     container = client.containers.run(
         image,
         [*t.smoke.args, "--host", "127.0.0.1", "--port", str(port), "--served-model-name", served],
         detach=True,
         network_mode="host",
         shm_size="1g",
-        environment={**STARTUP_ENV, "GEMMA4_MODEL": "/models/tiny"},
-        volumes={str(model): {"bind": "/models/tiny", "mode": "ro"}},
+        environment={**STARTUP_ENV, "GEMMA4_MODEL": TINY},
+        volumes={str(model): {"bind": TINY, "mode": "ro"}},
     )
     try:
         wait_healthy(container, url, 600)
@@ -965,25 +964,26 @@ def main(
     from .docker_build import connect
 
     client = connect()
+    m = matrix.load()
     timings: dict = {}
     results: dict = {}
     if build:
         t = time.monotonic()
-        results["build"] = build_bench(client, log, with_base=with_base)
+        results["build"] = build_bench(client, log, m, with_base=with_base)
         timings["build benchmark (4 builds + size)"] = time.monotonic() - t
     if serving:
         t = time.monotonic()
-        results["serving"] = serving_bench(client, log)
+        results["serving"] = serving_bench(client, log, m)
         timings["offline harness, tiny sizes, both modes"] = results["serving"]["offline_s"]
         timings["served harness, tiny sizes, both modes"] = results["serving"]["served_s"]
         timings["serving benchmark total"] = time.monotonic() - t
     if startup:
         t = time.monotonic()
-        results["startup"] = startup_bench(client, log)
+        results["startup"] = startup_bench(client, log, m)
         timings[f"start-up benchmark ({STARTUP_ROUNDS} rounds x 2)"] = time.monotonic() - t
     if load:
         t = time.monotonic()
-        results["load"] = load_bench(client, log)
+        results["load"] = load_bench(client, log, m)
         timings["load, faults and stop benchmark"] = time.monotonic() - t
     timings["cpu"] = f"{__import__('os').cpu_count()} cores"
     results["timings"] = timings

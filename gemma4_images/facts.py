@@ -88,3 +88,17 @@ def audio_args(matrix: Matrix, name: str, wheels_url: str) -> dict[str, str]:
         "GEMMA4_AUDIO_EXTRAS": " ".join(matrix.audio_extras) if audio else "",
         "GEMMA4_WHEELS_URL": wheels_url if audio else "",
     }
+
+
+def build_args(
+    matrix: Matrix, name: str, base: str, base_digest: str, wheels_url, bos_copy_of: str, extra: dict | None = None
+) -> dict:
+    """Every build arg of a target's Dockerfile, in one order for build, --dry-run and the bake
+    file: the base, the fixes, the audio extras, the label facts, then the caller's own."""
+    return {
+        "BASE_IMAGE": base,
+        **fix_args(matrix, name),
+        **audio_args(matrix, name, wheels_url),
+        **facts(matrix, name, base, base_digest, bos_copy_of),
+        **(extra or {}),
+    }

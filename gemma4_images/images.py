@@ -7,7 +7,7 @@ from pathlib import Path
 
 from . import localbase, running, tokenizer_copy, upstream, wheels
 from .docker_build import BaseUnavailable, BuildSpec, base_digest, build, local_image, pull
-from .facts import audio_args, facts, fix_args
+from .facts import build_args
 from .matrix import ROOT, Matrix, dockerfile_name
 
 
@@ -72,13 +72,7 @@ def build_target(
     image = local_image(client, base)
     house = audio_wheels(client, matrix, name, base, log)
     with wheels.serve_directory(house) if house else nullcontext("") as wheels_url:
-        buildargs = {
-            "BASE_IMAGE": base,
-            **fix_args(matrix, name),
-            **audio_args(matrix, name, wheels_url),
-            **facts(matrix, name, base, base_digest(image, base), bos_copy_of),
-            **(extra_args or {}),
-        }
+        buildargs = build_args(matrix, name, base, base_digest(image, base), wheels_url, bos_copy_of, extra_args)
         spec = BuildSpec(
             dockerfile=dockerfile_name(matrix.targets[name].family),
             tag=tag,
@@ -100,13 +94,9 @@ def dry_run(
     target = matrix.targets[name]
     base = base_override or target.base.ref
     bos = (tokenizer_source or matrix.project.model) if target.bos_tokenizer else ""
-    buildargs = {
-        "BASE_IMAGE": base,
-        **fix_args(matrix, name),
-        **audio_args(matrix, name, "<served at build>"),
-        **facts(matrix, name, base, target.base.digest or "<resolved at build>", bos),
-        **(extra_args or {}),
-    }
+    buildargs = build_args(
+        matrix, name, base, target.base.digest or "<resolved at build>", "<served at build>", bos, extra_args
+    )
     return BuildSpec(
         dockerfile=dockerfile_name(target.family),
         tag=tag or matrix.tag(name),

@@ -23,6 +23,7 @@ from docker.errors import APIError, NotFound
 from . import publish
 from .docker_build import local_image
 from .matrix import MODELS_ROOT, model_path
+from .upstream import file_sha256
 
 DEFAULT_REPOSITORY = "gemma4-e2b-models"  # local images: gemma4-e2b-models/<name>:<tag>
 REGISTRY_PATH = "models"  # pushed images: <registry>/models/<name>:<tag>
@@ -108,18 +109,10 @@ def check_folder(folder: Path) -> list[Path]:
     return files
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def content_revision(folder: Path, files: list[Path]) -> str:
     """content-sha256:<hex> of the file list: each relative path and its bytes' sha256, so a
     renamed, added, removed or changed file changes it, and mtimes or modes do not."""
-    listing = "".join(f"{p.as_posix()}\0{_sha256(folder / p)}\n" for p in files)
+    listing = "".join(f"{p.as_posix()}\0{file_sha256(folder / p)}\n" for p in files)
     return "content-sha256:" + hashlib.sha256(listing.encode()).hexdigest()
 
 
@@ -238,26 +231,19 @@ def build(
 # -- push ----------------------------------------------------------------------------------------
 
 
-def push(client, ref: str, registry: str, log=print, reports_dir: Path = Path("reports")) -> dict:
+def push(client, ref: str, registry: str, log=print, reports_dir: Path = Path("reports"), check: bool = True) -> dict:
     """Push the model image ref to <registry>/models/<name>:<revision tag>; returns its pushed.json
-    entry (target model:<name>), recorded there like the serving images' pushes."""
+    entry (target model:<name>), recorded there like the serving images' pushes. check=False when
+    the caller has already asked the registry (the CLI does, before the build)."""
     image = local_image(client, ref)
     labels = (image.labels or {}) if image else {}
     if LABELS["name"] not in labels:
         raise ModelImageError(f"{ref} is not a model image built by `build.py model-image`; build it first")
     name, revision = labels[LABELS["name"]], labels[LABELS["revision"]]
-    host, namespace = publish.split_registry(registry)
-    repo = "/".join(p for p in (host, namespace, REGISTRY_PATH, name) if p)
-    publish.check_registry(host)
-    created: list[str] = []
-    try:
-        entry = publish._push_target(client, f"model:{name}", ref, image, repo, [tag_for(revision)], log, created)
-    except publish.PushError:
-        for made in created:  # a failed push leaves no registry tag behind that it made
-            client.images.remove(made, noprune=True)
-        raise
-    publish.record([entry], Path(reports_dir) / publish.PUSHED_FILE)
-    return entry
+    repo = publish.registry_path(registry, REGISTRY_PATH, name)
+    if check:
+        publish.check_registry(repo.split("/", 1)[0])
+    return publish.push_plan(client, [(f"model:{name}", ref, image, [tag_for(revision)])], repo, log, reports_dir)[0]
 
 
 # -- running it ----------------------------------------------------------------------------------

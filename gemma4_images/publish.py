@@ -37,9 +37,14 @@ def split_registry(registry: str) -> tuple[str, str]:
     return host, namespace
 
 
-def repository(matrix: Matrix, registry: str) -> str:
+def registry_path(registry: str, *path: str) -> str:
+    """HOST[/NAMESPACE]/PATH...: where an image goes in the registry."""
     host, namespace = split_registry(registry)
-    return "/".join(p for p in (host, namespace, matrix.project.image) if p)
+    return "/".join(p for p in (host, namespace, *path) if p)
+
+
+def repository(matrix: Matrix, registry: str) -> str:
+    return registry_path(registry, matrix.project.image)
 
 
 def short_revision(image, allow_dirty: bool) -> str:
@@ -197,12 +202,22 @@ def push(
                 )
         plan.append((name, source, image, tags_for(matrix, name, short_revision(image, allow_dirty), moving_tag)))
     check_registry(repo.split("/", 1)[0])
+    return push_plan(
+        client, plan, repo, log, reports_dir, lambda entry: _attach_and_sign(entry, reports_dir, signer, log)
+    )
+
+
+def push_plan(client, plan, repo: str, log, reports_dir: Path = Path("reports"), after=None) -> list[dict]:
+    """Push each (name, source, image, tags) of plan to repo, then after(entry); record every
+    entry that reached the registry in pushed.json, and on a failure remove the local registry
+    tags this push made for what did not get there."""
     results, created = [], []
     try:
         for name, source, image, tags in plan:
             entry = _push_target(client, name, source, image, repo, tags, log, created)
             results.append(entry)
-            _attach_and_sign(entry, reports_dir, signer, log)
+            if after:
+                after(entry)
     except (PushError, registry_api.RegistryError, signing.SigningError) as e:
         # A push that fails leaves no registry tag behind on this machine that it made itself.
         done = {f"{repo}:{t}" for r in results for t in r["tags"]}

@@ -25,10 +25,10 @@ from testcontainers.core.container import DockerContainer  # noqa: E402
 from . import running  # noqa: E402
 from .facts import BUILD_FACTS  # noqa: E402
 from .image_code import gemma4_serve  # noqa: E402
-from .matrix import Matrix  # noqa: E402
+from .image_contents import RECORDS, read_paths  # noqa: E402
+from .matrix import Matrix, model_path  # noqa: E402
 from .sampling_checks import SamplingChecks, Skipped  # noqa: E402
 
-MODEL_MOUNT = "/models"
 TOOL = {
     "type": "function",
     "function": {
@@ -375,13 +375,14 @@ def image_facts(client, matrix: Matrix, target: str, image: str) -> None:
     got = {k: labels.get(k) for k in want}
     expect(got == want, json.dumps(want), got)
 
-    def read(path):
-        return client.containers.run(image, [path], entrypoint=["cat"], remove=True, network_mode="host")
-
-    build = json.loads(read("/etc/gemma4-e2b/build.json"))
+    build_path, fixes_path = f"{RECORDS}/build.json", f"{RECORDS}/fixes.json"
+    records = read_paths(client, image, [build_path, fixes_path])
+    expect(build_path in records, f"{build_path} in the image", sorted(records))
+    build = json.loads(records[build_path])
     expect(build == {k: labels.get(k, "") for k in BUILD_FACTS}, "build.json == the image's labels", build)
     if fixes:
-        recorded = [f["name"] for f in json.loads(read("/etc/gemma4-e2b/fixes.json"))["fixes"]]
+        expect(fixes_path in records, f"{fixes_path} in the image", sorted(records))
+        recorded = [f["name"] for f in json.loads(records[fixes_path])["fixes"]]
         expect(sorted(recorded) == sorted(fixes), f"fixes.json to record {fixes}", recorded)
     return f"{len(fixes)} fixes recorded" if fixes else "no fixes pack for this target"
 
@@ -492,7 +493,7 @@ def _container(
     container = LoopbackContainer(image, network_mode=network_mode, **kw)
     served = matrix.project.model
     if model and Path(model).exists():
-        mount = f"{MODEL_MOUNT}/{Path(model).name}"
+        mount = model_path(Path(model).name)
         container.with_volume_mapping(str(Path(model).resolve()), mount, "ro")
         env["GEMMA4_MODEL"] = mount
         args += ["--served-model-name", served]

@@ -55,7 +55,7 @@ def _index_url() -> str:
     return url.rstrip("/")
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -66,7 +66,7 @@ def _sha256(path: Path) -> str:
 def fetch_sdist(filename: str, sha256: str) -> Path:
     """The named source archive, from the cache or the index, verified against its pinned hash."""
     path = cache_dir() / "sdists" / filename
-    if path.exists() and _sha256(path) == sha256:
+    if path.exists() and file_sha256(path) == sha256:
         return path
     project = filename.rsplit("-", 1)[0]
     page = f"{_index_url()}/{project}/"
@@ -85,7 +85,7 @@ def fetch_sdist(filename: str, sha256: str) -> Path:
         raise UpstreamError(
             f"cannot download {filename} from {page}: {e}. Offline? Put the file in {path.parent} and run again."
         ) from None
-    if _sha256(tmp) != sha256:
+    if file_sha256(tmp) != sha256:
         tmp.unlink()
         raise UpstreamError(f"{filename}: sha256 does not match the pin in targets.yaml ({sha256})")
     tmp.rename(path)

@@ -233,7 +233,7 @@ def main(argv=None):
             for mark in set(declared) - used:
                 print(f"  fix.json hunks_gaudi_only entry matches no hunk: {mark!r}")
                 bad += 1
-            gaudi = len([m for m in used])
+            gaudi = len(used)
             figure = f"{noticed}/{total} hunks noticed by a CPU test" + (f", {gaudi} Gaudi-only" if gaudi else "")
             print(f"  {figure}")
             if args.record:

@@ -21,8 +21,8 @@ from docker.errors import NotFound
 from local_registry import start_registry, stop_registry
 from test_no_secrets import places_holding
 
-from gemma4_images import images, matrix, model_image, registry, smoke
-from testkit import exchanges, tiny_model, trained
+from gemma4_images import matrix, model_image, registry, smoke
+from testkit import exchanges, trained
 from testkit.exec_forward import ExecForward
 
 pytestmark = pytest.mark.integration
@@ -36,20 +36,6 @@ def build_py(*args, env=None, cwd=matrix.ROOT):
     """build.py run from cwd: reports/ (pushed.json) is written there."""
     return subprocess.run(
         [sys.executable, str(matrix.ROOT / "build.py"), *args], cwd=cwd, capture_output=True, text=True, env=env
-    )
-
-
-@pytest.fixture(scope="module")
-def serving_image(client, m, cpu_base):
-    """The CPU image as cpu_image builds it (same inputs, so the same cached layers), under a test
-    tag: the shared tag stays what the rest of the suite built."""
-    return images.build_target(
-        client,
-        m,
-        "xeon6",
-        tokenizer_source=str(tiny_model.ensure()),
-        tag="gemma4-e2b-test/xeon6:model-image",
-        log=print,
     )
 
 
@@ -86,12 +72,12 @@ def test_model_image_holds_only_the_model_files(client, tiny_image):
     assert tiny_image.tag == "content-" + tiny_image.revision.split(":")[1][:12]
 
 
-def test_cpu_tier_serves_the_model_image_with_no_network(client, m, serving_image, tiny_image, no_new_containers):
+def test_cpu_tier_serves_the_model_image_with_no_network(client, m, cpu_image, tiny_image, no_new_containers):
     volume = model_image.docker_volume(client, tiny_image.ref, VOLUME)
     container, served, args = smoke._container(
         m,
         "xeon6",
-        serving_image,
+        cpu_image,
         None,
         SERVE_PORT,
         extra_args=["--served-model-name", m.project.model],
@@ -125,7 +111,7 @@ def test_cpu_tier_serves_the_model_image_with_no_network(client, m, serving_imag
             assert tiny_image.path in launch
             checks = smoke.Checks(forward.url, served, launch, exchanges.EXCHANGES)
             special = {
-                "image_facts": lambda: smoke.image_facts(client, m, "xeon6", serving_image),
+                "image_facts": lambda: smoke.image_facts(client, m, "xeon6", cpu_image),
                 "startup_log": lambda: smoke.startup_log(started),
             }
             results = {}

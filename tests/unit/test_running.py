@@ -42,6 +42,7 @@ def test_sdk_kwargs_pass_named_env_from_the_caller(monkeypatch):
 
 
 def test_device_missing_names_what_is_absent(tmp_path):
+    # Stand-in Docker clients: only what `docker info` says about runtimes.
     client = types.SimpleNamespace(info=lambda: {"Runtimes": {"runc": {}}})
     assert "habana container runtime" in running.device_missing(client, M.families["gaudi"].present)
     assert running.device_missing(client, M.families["cpu"].present) is None
