@@ -15,6 +15,7 @@ import yaml
 
 from gemma4_images import k8s, running, smoke, traffic
 from testkit import tiny_model
+from tests import stuck_engine
 
 pytestmark = pytest.mark.integration
 MODEL = "google/gemma-4-E2B-it"
@@ -125,7 +126,7 @@ def test_no_zombie_processes_while_serving(locked):
 
 def test_engine_death_stops_health_and_the_container(locked):
     wrapped, url = locked[:2]
-    (engine,) = [pid for pid, _, comm in running.processes(wrapped) if comm.startswith("VLLM::EngineCor")]
+    engine = stuck_engine.engine_core_pid(wrapped)
     assert wrapped.exec_run(["sh", "-c", f"kill -9 {engine}"], user="2000").exit_code == 0
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -145,20 +146,6 @@ def test_docker_stop_during_traffic_exits_cleanly_within_the_timeout(locked):
     wrapped, url = locked[:2]
     wrapped.start()  # the same container again, after the engine-death test
     smoke.wait_healthy(wrapped, url, 600)
-    timing = {}
-
-    def stop():
-        time.sleep(3)  # every request is in flight by now
-        start = time.monotonic()
-        wrapped.stop(timeout=STOP_TIMEOUT)
-        timing["stop_s"] = time.monotonic() - start
-
-    load = traffic.run(url, MODEL, streams=6, plain=2, max_tokens=3000, during=stop)
-    wrapped.reload()
-    assert wrapped.attrs["State"]["ExitCode"] == 0 and timing["stop_s"] < STOP_TIMEOUT, timing
-    for o in load.outcomes:  # finished, or ended with a clean 503 (no broken stream)
-        if o.kind == "stream":
-            assert o.status == 200 and o.done and o.error_event in ("", "the server is shutting down"), o
-        else:
-            assert o.status in (200, 503), o
+    timing, load = stuck_engine.stop_with_engine_stuck(wrapped, url, MODEL, 6, 2, STOP_TIMEOUT)
+    assert stuck_engine.unclean_stop(wrapped, timing, load, STOP_TIMEOUT) == []
     print(f"docker stop during traffic: {timing['stop_s']:.1f} s, exit 0")

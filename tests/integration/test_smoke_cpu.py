@@ -6,13 +6,13 @@ import shlex
 import shutil
 import subprocess
 import sys
-import time
 from types import SimpleNamespace
 
 import pytest
 
-from gemma4_images import matrix, smoke, traffic
+from gemma4_images import matrix, smoke
 from testkit import exchanges, trained
+from tests import stuck_engine
 
 pytestmark = pytest.mark.integration
 
@@ -191,17 +191,12 @@ def test_a_missing_image_is_one_clear_line(tmp_path):
     assert "no local image gemma4-e2b-test/never-built:none" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_docker_stop_with_open_streams_is_killed_without_the_shutdown_fix(plain_server):
+def test_docker_stop_with_open_requests_is_not_clean_without_the_shutdown_fix(plain_server):
     # Runs last in this module: it stops the unfixed server (shutdown-ends-requests is not applied).
+    # The same stop as test_runtime_cpu's, whose check must fail here: the requests hang until
+    # SIGKILL, or the engine's death reaches them (which of the two is vLLM's race).
     checks, wrapped = plain_server.checks, plain_server.container
-    timing = {}
-
-    def stop():
-        time.sleep(3)
-        start = time.monotonic()
-        wrapped.stop(timeout=10)
-        timing["stop_s"] = time.monotonic() - start
-
-    traffic.run(checks.url, checks.model, streams=4, plain=0, max_tokens=3000, timeout=60, during=stop)
-    wrapped.reload()
-    assert wrapped.attrs["State"]["ExitCode"] == 137 and timing["stop_s"] >= 10, timing
+    timing, load = stuck_engine.stop_with_engine_stuck(wrapped, checks.url, checks.model, 4, 0, stop_timeout=10)
+    problems = stuck_engine.unclean_stop(wrapped, timing, load, 10)
+    assert problems, (timing, load.outcomes)
+    print("unfixed docker stop:", problems[0])
