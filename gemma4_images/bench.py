@@ -40,6 +40,9 @@ NOCHANGE_MAX_STEPS = 0
 PATCH_MAX_RATIO = 0.05
 SIZE_OVERHEAD_MAX = 0.01
 OUT = ROOT / "BENCHMARKS.md"
+# Every part's figures from its last run: a run of some parts keeps the others' (BENCHMARKS.md is
+# rendered from this file, and a unit test fails when the two drift).
+RESULTS = ROOT / "benchmarks.json"
 
 
 # -- pure parts (unit-tested) --------------------------------------------------------------------
@@ -823,8 +826,46 @@ def startup_section(st: dict) -> list[str]:
     ]
 
 
+def render_results(results: dict) -> str:
+    return render(
+        results.get("build"),
+        results.get("serving"),
+        results.get("timings", {}),
+        results.get("startup"),
+        results.get("load"),
+        results.get("quickstart"),
+    )
+
+
+def quickstart_section(q: dict) -> list[str]:
+    names = list(dict.fromkeys([*q["cold"]["steps"], *q["warm"]["steps"]]))
+    rows = [("step", "cold s", "warm s")]
+    rows += [(n, f"{q['cold']['steps'].get(n, 0):.0f}", f"{q['warm']['steps'].get(n, 0):.0f}") for n in names]
+
+    def verdict(r):
+        met = "met" if r["seconds"] <= r["target_s"] else "NOT met"
+        return f"{r['seconds']:.0f} s (target <= {r['target_s']} s: {met})"
+
+    return [
+        "## Quick start: cold and warm",
+        "",
+        f"`make quickstart` in a fresh clone (commit {q['commit']}) against a second Docker daemon with an "
+        "empty data root and empty project, uv and pip caches (`gemma4_images/quickstart_time.py`), then the "
+        "same command again: the Debian packages and the local torch wheel folder are what this machine "
+        f"kind has anyway. Cold: {verdict(q['cold'])}; warm: {verdict(q['warm'])}.",
+        "",
+        harness._markdown([*rows, ("total", f"{q['cold']['seconds']:.0f}", f"{q['warm']['seconds']:.0f}")]),
+        "",
+    ]
+
+
 def render(
-    build: dict | None, serving: dict | None, timings: dict, startup: dict | None = None, load: dict | None = None
+    build: dict | None,
+    serving: dict | None,
+    timings: dict,
+    startup: dict | None = None,
+    load: dict | None = None,
+    quickstart: dict | None = None,
 ) -> str:
     out = [
         "# Benchmarks",
@@ -887,6 +928,8 @@ def render(
             harness._markdown([("step", "bytes"), *[(f"`{x['step']}`", f"{x['bytes']:,}") for x in sz["layers"]]]),
             "",
         ]
+    if quickstart:
+        out += quickstart_section(quickstart)
     if startup:
         out += startup_section(startup)
     if load:
@@ -960,13 +1003,14 @@ def main(
     with_base: bool = False,
     startup: bool = True,
     load: bool = True,
+    quickstart: bool = False,
 ) -> dict:
     from .docker_build import connect
 
     client = connect()
     m = matrix.load()
-    timings: dict = {}
-    results: dict = {}
+    results: dict = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    timings: dict = results.setdefault("timings", {})
     if build:
         t = time.monotonic()
         results["build"] = build_bench(client, log, m, with_base=with_base)
@@ -985,13 +1029,15 @@ def main(
         t = time.monotonic()
         results["load"] = load_bench(client, log, m)
         timings["load, faults and stop benchmark"] = time.monotonic() - t
+    if quickstart:
+        from . import quickstart_time
+
+        t = time.monotonic()
+        results["quickstart"] = quickstart_time.measure(log)
+        timings["quick start, cold then warm"] = time.monotonic() - t
     timings["cpu"] = f"{__import__('os').cpu_count()} cores"
-    results["timings"] = timings
-    out.write_text(
-        render(results.get("build"), results.get("serving"), timings, results.get("startup"), results.get("load"))
-    )
-    (ROOT / ".build").mkdir(exist_ok=True)
-    (ROOT / ".build" / "bench.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+    RESULTS.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    out.write_text(render_results(json.loads(RESULTS.read_text())))
     if results.get("build"):
         log(scenario_table([Scenario(**s) for s in results["build"]["scenarios"]]))
     log(f"wrote {out}")

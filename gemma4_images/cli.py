@@ -560,9 +560,15 @@ def inspect(image):
 @click.option(
     "--with-base", is_flag=True, help="Also time a no-cache build of the local CPU base (~3.5 min; re-tags the base)."
 )
-def bench_cmd(skip_build, skip_serving, skip_startup, skip_load, with_base):
+@click.option(
+    "--quickstart",
+    is_flag=True,
+    help="Also time `make quickstart` cold and warm: a fresh clone, a second Docker daemon, empty caches (~10 min).",
+)
+def bench_cmd(skip_build, skip_serving, skip_startup, skip_load, with_base, quickstart):
     """Cold/no-change/one-patch/one-entrypoint-line rebuilds, image overhead, gemma4-bench in the CPU
-    image with the tiny model, and start-up time against bare vllm serve; regenerates BENCHMARKS.md."""
+    image with the tiny model, and start-up time against bare vllm serve; regenerates BENCHMARKS.md
+    (the parts not run keep their last figures, from benchmarks.json)."""
     from gemma4_images import bench
 
     try:
@@ -573,6 +579,7 @@ def bench_cmd(skip_build, skip_serving, skip_startup, skip_load, with_base):
             with_base=with_base,
             startup=not skip_startup,
             load=not skip_load,
+            quickstart=quickstart,
         )
     except RuntimeError as e:  # a benchmark that could not measure what it set out to
         fail(str(e))

@@ -170,3 +170,24 @@ def test_step_seconds_from_line_times():
     by = {s.number: s.seconds for s in steps}
     assert by[3] == 2.0 and by[7] == 1.0 and by[8] == 8.0
     assert bench.slowest(steps, 1) == ["RUN gemma4-serve --self-check (8.00 s)"]
+
+
+def test_benchmarks_md_is_rendered_from_the_committed_results():
+    # BENCHMARKS.md is generated from benchmarks.json; CI fails when the two drift.
+    results = json.loads(bench.RESULTS.read_text())
+    assert bench.render_results(results) == bench.OUT.read_text()
+
+
+def test_quickstart_steps_split_at_the_commands_make_echoes():
+    from gemma4_images import quickstart_time
+
+    lines = [
+        (3.0, ".venv/bin/python build.py base cpu"),
+        (4.0, "rootfs: up to date"),
+        (10.0, ".venv/bin/python build.py build cpu --tiny"),
+        (30.0, 'docker run --rm --network host "$(.venv/bin/python build.py tag cpu --tiny)" --print-command'),
+        (33.0, ".venv/bin/python build.py smoke cpu --tiny"),
+    ]
+    steps = quickstart_time.split_steps(lines, 0.0, 100.0)
+    assert list(steps.values()) == [3.0, 7.0, 20.0, 3.0, 67.0]
+    assert list(steps)[0] == quickstart_time.FIRST

@@ -1,0 +1,108 @@
+"""How long `make quickstart` takes on a fresh machine (cold) and run again (warm), step by step,
+for `make bench --quickstart` (BENCHMARKS.md).
+
+Cold without wiping this machine: a fresh clone of the committed tree, a second Docker daemon with
+its own empty data root (no images, no build cache), empty project, uv and pip caches. What stays is
+what a fresh machine of this kind has too: the Debian packages and the local torch wheel folder
+pip's configuration names. Warm is the same command again in the same clone, daemon and caches."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from .matrix import ROOT
+
+# make echoes each command of the quickstart recipe before it runs it (setup-host.sh, its
+# prerequisite, is silent): a line that starts a step, and what the step is called.
+STEPS = [
+    (re.compile(r"^\S*python\S* build\.py base cpu\b"), "base: rootfs + wheelhouse + base image"),
+    (re.compile(r"^\S*python\S* build\.py build cpu\b"), "build: CPU image, SBOM, provenance"),
+    (re.compile(r"^docker run .*--print-command"), "print the launch"),
+    (re.compile(r"^\S*python\S* build\.py smoke cpu\b"), "smoke: start, checks, answers"),
+]
+FIRST = "host: Docker check, venv"
+TARGET_S = {"cold": 300, "warm": 60}  # issue #13
+
+
+def split_steps(stamped: list[tuple[float, str]], start: float, end: float) -> dict[str, float]:
+    """Seconds per step from (time, line) pairs of make's output."""
+    marks = [(start, FIRST)]
+    for t, line in stamped:
+        for pattern, name in STEPS:
+            if pattern.match(line):
+                marks.append((t, name))
+    marks.append((end, None))
+    return {name: round(marks[i + 1][0] - t, 1) for i, (t, name) in enumerate(marks[:-1])}
+
+
+def _run(argv: list[str], cwd: Path, env: dict) -> tuple[int, list[tuple[float, str]], float]:
+    start = time.monotonic()
+    stamped = []
+    with subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as p:
+        for line in p.stdout:
+            stamped.append((time.monotonic(), line.rstrip("\n")))
+    return p.returncode, stamped, start
+
+
+def _daemon(root: Path) -> subprocess.Popen:
+    sock = root / "docker.sock"
+    d = subprocess.Popen(
+        [
+            "dockerd", "--bridge=none", "--iptables=false", "--ip-forward=false", "--ip-masq=false",
+            "--data-root", str(root / "data"), "--exec-root", str(root / "exec"),
+            "--pidfile", str(root / "docker.pid"), "-H", f"unix://{sock}",
+        ],
+        stdout=open(root / "dockerd.log", "w"), stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    for _ in range(60):
+        if subprocess.run(["docker", "-H", f"unix://{sock}", "info"], capture_output=True).returncode == 0:
+            return d
+        time.sleep(1)
+    d.terminate()
+    raise RuntimeError(f"the cold Docker daemon did not start; see {root / 'dockerd.log'}")
+
+
+def measure(log=print) -> dict:
+    """{"cold": {...}, "warm": {...}}: total seconds, seconds per step, exit status, and the
+    smoke table's last lines."""
+    root = Path(tempfile.mkdtemp(prefix="gemma4-quickstart-", dir="/var/tmp"))
+    daemon = _daemon(root)
+    try:
+        clone = root / "clone"
+        subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=clone, capture_output=True, text=True)
+        env = {
+            **os.environ,
+            "DOCKER_HOST": f"unix://{root / 'docker.sock'}",
+            "GEMMA4_CACHE": str(root / "cache"),
+            "UV_CACHE_DIR": str(root / "uv-cache"),
+            "PIP_CACHE_DIR": str(root / "pip-cache"),
+            "XDG_CACHE_HOME": str(root / "xdg-cache"),
+        }
+        out = {"commit": head.stdout.strip()}
+        for kind in ("cold", "warm"):
+            log(f"quickstart, {kind}: make quickstart in {clone}")
+            rc, stamped, start = _run(["make", "quickstart"], clone, env)
+            end = time.monotonic()
+            out[kind] = {
+                "seconds": round(end - start, 1),
+                "target_s": TARGET_S[kind],
+                "steps": split_steps(stamped, start, end),
+                "exit": rc,
+                "tail": [line for _, line in stamped[-3:]],
+            }
+            log(f"quickstart, {kind}: {out[kind]['seconds']} s, exit {rc}")
+            if rc:
+                tail = "\n".join(line for _, line in stamped[-30:])
+                raise RuntimeError(f"make quickstart ({kind}) exited {rc}:\n{tail}")
+        return out
+    finally:
+        daemon.terminate()
+        daemon.wait(60)
+        shutil.rmtree(root, ignore_errors=True)
