@@ -1038,7 +1038,7 @@ def main(
     timings["cpu"] = f"{__import__('os').cpu_count()} cores"
     RESULTS.write_text(json.dumps(results, indent=2, default=str) + "\n")
     out.write_text(render_results(json.loads(RESULTS.read_text())))
-    if results.get("build"):
+    if build and results.get("build"):
         log(scenario_table([Scenario(**s) for s in results["build"]["scenarios"]]))
     log(f"wrote {out}")
     return results

@@ -37,6 +37,7 @@ class Strict(BaseModel):
 class Project(Strict):
     image: str
     model: str
+    architecture: str
     vllm_version: str
     source: str
     port: int
@@ -316,6 +317,7 @@ class Matrix(Strict):
             "port": self.project.port,
             "command": ["vllm", "serve"],
             "model": self.project.model,
+            "architecture": self.project.architecture,
             "model_arg": t.serve.model_arg,
             "args": t.serve.args,
             "default_features": t.serve.default_features,

@@ -68,3 +68,38 @@ def test_local_base_is_reused_not_rebuilt(client, m, cpu_image):
     lines = []
     localbase.cpu_base(client, m, lines.append)
     assert lines == [f"{m.targets['xeon6'].base.local} is up to date"]
+
+
+# Stands in for `vllm` on PATH: what vLLM's registry does first at start-up, then exit. 0: vLLM's
+# own reader takes the cached model info (no inspection subprocess); 3: it would inspect again.
+REGISTRY_PROBE = """#!/usr/bin/env python3
+import importlib.util, sys
+from pathlib import Path
+from vllm.model_executor.models.registry import ModelRegistry
+m = ModelRegistry.models["Gemma4ForConditionalGeneration"]
+digest = m._get_modelinfo_module_hash(Path(importlib.util.find_spec(m.module_name).origin))
+sys.exit(0 if m._load_modelinfo_from_cache(digest) is not None else 3)
+"""
+
+
+@pytest.mark.parametrize("seeded", [True, False])
+def test_a_server_start_finds_vllms_model_info_in_its_cache(client, cpu_image, tmp_path, seeded):
+    # As the smoke tier and the Kubernetes manifest run it: uid 2000 with no account, so its vLLM
+    # cache is under the entrypoint's HOME; unseeded = the build's seed hidden by an empty mount.
+    probe = tmp_path / "bin" / "vllm"
+    probe.parent.mkdir()
+    probe.write_text(REGISTRY_PROBE)
+    probe.chmod(0o755)
+    probe.parent.chmod(0o755)
+    kw = {"volumes": {str(probe.parent): {"bind": "/opt/probe", "mode": "ro"}}}
+    if not seeded:
+        kw["tmpfs"] = {"/opt/gemma4-e2b/vllm-cache": ""}
+    container = client.containers.run(
+        cpu_image, [], user="2000", network_mode="host", detach=True,
+        environment={"PATH": "/opt/probe:/opt/venv/bin:/usr/local/bin:/usr/bin:/bin"}, **kw,
+    )  # fmt: skip
+    try:
+        code = container.wait(timeout=300)["StatusCode"]
+    finally:
+        container.remove(force=True)
+    assert code == (0 if seeded else 3)

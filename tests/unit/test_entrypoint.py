@@ -182,14 +182,36 @@ def test_probe_plan_follows_the_launch(m):
     plan = dict(serve.probe_plan(m.recipe("h100")))
     assert plan == {
         "transformers": None,
+        "model_info": ["Gemma4ForConditionalGeneration", None],
         "image": None,
         "tool_parser:gemma4": "gemma4",
         "reasoning_parser:gemma4": "gemma4",
         "audio": None,
         "cuda": None,
     }
+    assert dict(serve.probe_plan(m.recipe("h100"), "/seed"))["model_info"] == [
+        "Gemma4ForConditionalGeneration",
+        "/seed",
+    ]
     assert "audio" not in dict(serve.probe_plan(m.recipe("gaudi2")))  # audio: false
     assert "cuda" not in dict(serve.probe_plan(m.recipe("mi300x")))
+
+
+def test_model_info_is_seeded_where_vllm_looks_and_never_over_a_file(tmp_path):
+    seed = tmp_path / "seed"
+    (seed / "modelinfos").mkdir(parents=True)
+    (seed / "modelinfos" / "m-C.json").write_text("built")
+    home = tmp_path / "home"
+    serve.seed_model_info({"HOME": str(home)}, str(seed))  # vLLM's default: ~/.cache/vllm
+    assert (home / ".cache/vllm/modelinfos/m-C.json").read_text() == "built"
+    (home / ".cache/vllm/modelinfos/m-C.json").write_text("the server's own")
+    serve.seed_model_info({"HOME": str(home)}, str(seed))
+    assert (home / ".cache/vllm/modelinfos/m-C.json").read_text() == "the server's own"
+    serve.seed_model_info({"HOME": str(home), "XDG_CACHE_HOME": str(tmp_path / "xdg")}, str(seed))
+    assert (tmp_path / "xdg/vllm/modelinfos/m-C.json").exists()
+    serve.seed_model_info({"HOME": str(home), "VLLM_CACHE_ROOT": str(tmp_path / "root")}, str(seed))
+    assert (tmp_path / "root/modelinfos/m-C.json").exists()
+    serve.seed_model_info({"HOME": str(home)}, str(tmp_path / "no-seed"))  # an image without one: nothing
 
 
 def test_capability_problems_name_the_target_and_the_switch(m):
