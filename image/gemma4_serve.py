@@ -449,6 +449,8 @@ def capability_problems(recipe: dict, results: dict) -> list[str]:
             continue
         if result["ok"]:
             continue
+        if kind == "model_info" and not results.get("transformers", {"ok": True})["ok"]:
+            continue  # vLLM's Gemma 4 class imports transformers' Gemma 4: that line names the cause
         error = result["error"]
         problems.append(
             {

@@ -86,6 +86,13 @@ def test_audio_without_its_resampler_is_refused(client, cpu_image):
     assert problems[0].startswith(PREFIX + PIECES["audio decoders"][1]) and "torchaudio" in problems[0]
 
 
+def test_vllm_without_its_gemma4_class_is_refused(client, cpu_image):
+    # Alone: without transformers' Gemma 4 the class cannot import either, and only that is named.
+    code, problems = self_check(client, cpu_image, f"rm {SITE}/vllm/model_executor/models/gemma4_mm.py")
+    assert code == 1 and len(problems) == 1, problems
+    assert problems[0].startswith(PREFIX + "xeon6: vLLM in the base cannot load the model class for Gemma4For")
+
+
 def test_a_cuda_target_names_the_tag_that_carries_its_runtime(client, cpu_image):
     # h100's recipe on the CPU image: the base's torch reports no CUDA at all, and that is the only
     # thing refused (so everything else the check probes is there: the control for the tests above).
