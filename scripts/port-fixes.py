@@ -57,7 +57,7 @@ RECORD_COVERAGE = (
 COVERAGE_CHECK = "tests/unit/test_gaudi_fix_manifests.py::test_manifest_coverage_counts_the_current_hunks"
 STATES = {"exact": "exact", "rebased": "rebased cleanly", "conflict": "CONFLICT", "blocked": "BLOCKED"}
 # What check-fixes needs from the repository, copied beside the new pack (it runs on REPO/patches).
-CHECK_TREE = ["scripts/check-fixes.sh", "tests", "gemma4_images", "pytest.ini"]
+CHECK_TREE = ["scripts/check-fixes.sh", "tests", "testkit", "gemma4_images", "pytest.ini"]  # tests import testkit
 
 
 def load_applier(pack):
