@@ -105,4 +105,6 @@ def measure(log=print) -> dict:
     finally:
         daemon.terminate()
         daemon.wait(60)
+        # dockerd leaves its default network namespace mounted under the exec root
+        subprocess.run(["umount", str(root / "exec" / "netns" / "default")], capture_output=True)
         shutil.rmtree(root, ignore_errors=True)
