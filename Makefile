@@ -19,7 +19,6 @@ host: ## Install and start what builds need (Docker engine, mmdebstrap, Python v
 quickstart: host ## Build the CPU image with no registry or hub, serve a tiny Gemma 4, get answers
 	$(PY) build.py base cpu
 	$(PY) build.py build cpu --tiny
-	docker run --rm --network host "$$($(PY) build.py tag cpu --tiny)" --print-command
 	$(PY) build.py smoke cpu --tiny
 
 list: host ## List every target with its base image and tag

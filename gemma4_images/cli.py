@@ -20,6 +20,7 @@ from gemma4_images import (
     pin,
     publish,
     render,
+    reports,
     running,
     signing,
     tokenizer_copy,
@@ -226,7 +227,7 @@ def stage_cmd(tokenizer_source):
 @click.option(
     "--no-reports",
     is_flag=True,
-    help="Skip writing reports/sbom-<target>.cdx.json and provenance-<target>.intoto.json (~13 s per image).",
+    help="Skip writing reports/sbom-<target>.cdx.json and provenance-<target>.intoto.json (~13 s per changed image).",
 )
 def build(targets, base_image, tag, no_cache, dry_run, build_args, tokenizer_source, tiny, verbose, no_reports):
     """Build TARGETS (names or aliases; `all` for every target)."""
@@ -260,13 +261,7 @@ def build(targets, base_image, tag, no_cache, dry_run, build_args, tokenizer_sou
             verbose=verbose,
         )
         if not no_reports:
-            # What push attaches: written now, so they are never older than the image.
-            contents = image_contents.read(client, m, name, built)
-            try:
-                log(write_sbom(contents, name))
-            except image_contents.ImageError as e:
-                fail(f"{e}; {built} was built, but its SBOM was not written")
-            log(write_provenance(contents, m, name))
+            reports.for_build(client, m, name, built, log)  # what push attaches, never older than the image
         click.echo(built)
 
 
@@ -588,35 +583,6 @@ def bench_cmd(skip_build, skip_serving, skip_startup, skip_load, with_base, quic
         fail("a rebuild rebuilt the wrong layers (see above and BENCHMARKS.md)")
 
 
-# -- SBOM and provenance of a built image -------------------------------------------------------
-
-
-def _write_document(path: Path, text: str) -> None:
-    """Whole or not at all: a failed write leaves no half-made file behind."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(text)
-    partial.replace(path)
-
-
-def write_sbom(contents, name: str, out: Path | None = None) -> str:
-    from gemma4_images import sbom  # cyclonedx: paid only by the commands that write an SBOM
-
-    document = sbom.make(contents)  # ImageError (no file written) when the fixes records disagree
-    path = out or Path(f"reports/sbom-{name}.cdx.json")
-    _write_document(path, document)
-    parsed = json.loads(document)
-    return f"{path}: {len(parsed['components'])} components, {len(sbom.patches_in(parsed))} patches"
-
-
-def write_provenance(contents, m, name: str, out: Path | None = None) -> str:
-    from gemma4_images import provenance
-
-    path = out or Path(f"reports/provenance-{name}.intoto.json")
-    _write_document(path, provenance.to_json(provenance.statement(contents, m)))
-    return str(path)
-
-
 @cli.command("sbom")
 @click.argument("target", type=TARGET)
 @click.option("--image", callback=reference, help="Built image to describe (default: the target's tag).")
@@ -628,7 +594,7 @@ def sbom_cmd(target, image, out):
     m = load()
     contents = image_contents.read(connect(), m, target, image or m.tag(target))
     try:
-        click.echo(write_sbom(contents, target, out))
+        click.echo(reports.write_sbom(contents, target, out))
     except image_contents.ImageError as e:
         fail(f"{e}; no SBOM was written")
 
@@ -663,7 +629,7 @@ def provenance_cmd(target, image, out, verify_path):
             fail(f"{verify_path} does not describe {contents.ref}:\n  " + "\n  ".join(problems))
         click.echo(f"{verify_path} matches {contents.ref} ({contents.id})")
         return
-    click.echo(write_provenance(contents, m, target, out))
+    click.echo(reports.write_provenance(contents, m, target, out))
 
 
 # -- model images: the model's files as an image, served with no hub at run time ----------------

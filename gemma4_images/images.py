@@ -6,7 +6,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from . import localbase, running, tokenizer_copy, upstream, wheels
-from .docker_build import BaseUnavailable, BuildSpec, base_digest, build, local_image, pull
+from .docker_build import BaseUnavailable, BuildSpec, base_digest, build, connect, local_image, pull
 from .facts import build_args
 from .matrix import ROOT, Matrix, dockerfile_name
 
@@ -114,4 +114,13 @@ def build_local_base(client, matrix: Matrix, name: str, log, nocache=False) -> s
             + ", ".join(n for n, t in matrix.targets.items() if t.base.local)
             + " can be built without a registry"
         )
-    return localbase.cpu_base(client, matrix, log, tag=target.base.local, nocache=nocache)
+
+    def prefetch(rootfs: str) -> None:
+        # What the image build then finds in the machine cache; its own failure is its own
+        # build's to report (it tries again), not the base's.
+        try:
+            audio_wheels(connect(), matrix, name, rootfs, log)
+        except Exception as e:  # noqa: BLE001 - a download ahead of time, never the base's failure
+            log(f"note: fetching the audio extras ahead of the image build failed ({e}); the build fetches them")
+
+    return localbase.cpu_base(client, matrix, log, tag=target.base.local, nocache=nocache, prefetch=prefetch)

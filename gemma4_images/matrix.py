@@ -151,6 +151,10 @@ class Smoke(Strict):
     args: list[str] = []
     shm_size: str | None = None
     user: str | None = None
+    # Where torch inductor keeps what it compiles in the container (its default cache folder for the
+    # smoke's user), kept on this machine between smoke runs (smoke.compile_cache_dir): compiled
+    # once per machine, not once per container, with nothing else about the run changed.
+    compile_cache: str | None = None
 
 
 class Run(Strict):

@@ -9,6 +9,7 @@ import os
 import re
 import shlex
 import socket
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -22,7 +23,7 @@ os.environ.setdefault("TC_HOST", "127.0.0.1")
 
 from testcontainers.core.container import DockerContainer  # noqa: E402
 
-from . import running  # noqa: E402
+from . import running, upstream  # noqa: E402
 from .facts import BUILD_FACTS  # noqa: E402
 from .image_code import gemma4_serve  # noqa: E402
 from .image_contents import RECORDS, read_paths  # noqa: E402
@@ -491,6 +492,9 @@ def _container(
     if t.smoke.user:
         kw["user"] = t.smoke.user
     container = LoopbackContainer(image, network_mode=network_mode, **kw)
+    cache = compile_cache_dir(target, t.smoke.user) if t.smoke.compile_cache else None
+    if cache:
+        container.with_volume_mapping(str(cache), t.smoke.compile_cache, "rw")
     served = matrix.project.model
     if model and Path(model).exists():
         mount = model_path(Path(model).name)
@@ -504,6 +508,24 @@ def _container(
     for key, value in env.items():
         container.with_env(key, value)
     return container.with_command(args), served, args
+
+
+def compile_cache_dir(target: str, user: str | None) -> Path | None:
+    """This machine's torch inductor cache for target's smoke runs, writable by the smoke's user.
+    Inductor keys every entry by the graph, torch's version, its config and the thread count, so a
+    changed image or machine misses and compiles again. None (no cache, a note) when this host
+    user cannot give the folder to the container's user."""
+    path = upstream.cache_dir() / "smoke-compile" / target
+    path.mkdir(parents=True, exist_ok=True)
+    if user is None:  # the container's root writes there as it is
+        return path
+    try:
+        if path.stat().st_uid != int(user):
+            os.chown(path, int(user), -1)
+    except (ValueError, PermissionError) as e:
+        print(f"note: {path} cannot be given to user {user} ({e}): no compile cache", file=sys.stderr)
+        return None
+    return path
 
 
 def wait_healthy(wrapped, url: str, budget: float) -> float:
@@ -520,7 +542,7 @@ def wait_healthy(wrapped, url: str, budget: float) -> float:
                 return time.monotonic() - start
         except OSError:
             pass
-        time.sleep(2)
+        time.sleep(0.5)
     raise CheckFailed(f"/health did not answer 200 within the startup budget of {budget:.0f}s")
 
 
@@ -555,6 +577,7 @@ def run_smoke(
         started = b"".join(container.get_logs()).decode(errors="replace").splitlines()
         # What the container runs: the recipe's launch as the entrypoint composes it, plus ours.
         launch = shlex.split(container.exec(["gemma4-serve", "--print-command", *args]).output.decode())
+        log(f"serving: {shlex.join(launch)}")
         checks = Checks(url, served, launch, script)
         special = {
             "image_facts": lambda: image_facts(client, matrix, target, image),

@@ -1,7 +1,10 @@
 """The BOS tokenizer copy an image bakes, made on the build host: a hub download uses HF_TOKEN in
 this process only, so no token ever reaches a build arg, a layer, the history or a label."""
 
+import hashlib
+import json
 import shutil
+from importlib import metadata
 from pathlib import Path
 
 from .matrix import ROOT, Matrix
@@ -19,11 +22,17 @@ def stage(matrix: Matrix, name: str, source: str | None = None, stage_dir: Path 
     """Fill .build/tokenizer/<target>/ (left empty when the target bakes no copy); returns the
     folder and a description of its source for the image's labels."""
     out = stage_dir / name
+    source = source or matrix.project.model
+    label = source if not Path(source).exists() else f"local:{Path(source).name}"
+    made_from = stage_dir / f".{name}.made-from.json"  # beside the folder: the folder enters the image
+    inputs = _local_inputs(source) if matrix.targets[name].bos_tokenizer else None
+    if inputs and _kept(out, made_from, inputs):
+        return out, label
+    made_from.unlink(missing_ok=True)
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     if not matrix.targets[name].bos_tokenizer:
         return out, ""
-    source = source or matrix.project.model
     try:
         bos_tool.make_bos_copy(source, out)
     except bos_tool.Refusal as e:
@@ -32,4 +41,39 @@ def stage(matrix: Matrix, name: str, source: str | None = None, stage_dir: Path 
             "No hub access? Pass --tokenizer-source with a local folder holding the "
             "model's tokenizer files."
         ) from None
-    return out, source if not Path(source).exists() else f"local:{Path(source).name}"
+    if inputs:
+        made_from.write_text(json.dumps(inputs, indent=1) + "\n")
+    return out, label
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _local_inputs(source: str) -> dict | None:
+    """What the copy of a local folder is made from: its tokenizer files, the tool, and the
+    libraries its check loads the copy with. None for a hub id (made again every build)."""
+    folder = Path(source)
+    if not folder.is_dir():
+        return None
+    return {
+        "source": str(folder.resolve()),
+        "files": {n: _sha256(folder / n) for n in bos_tool.TOKENIZER_FILES if (folder / n).is_file()},
+        "tool": _sha256(Path(bos_tool.__file__)),
+        "libraries": {d: metadata.version(d) for d in ("transformers", "tokenizers")},
+    }
+
+
+def _kept(out: Path, made_from: Path, inputs: dict) -> bool:
+    """The copy in out was made (and checked) from these very inputs, and is as the tool wrote it:
+    exactly the files its record lists, with the digests it lists. Saves the check's ~9 s of
+    importing transformers on every build of an unchanged tokenizer."""
+    try:
+        if json.loads(made_from.read_text()) != inputs:
+            return False
+        record = json.loads((out / bos_tool.RECORD).read_text())
+    except (OSError, ValueError):
+        return False
+    files = record.get("files", {})
+    present = {p.name for p in out.iterdir()}
+    return present == {*files, bos_tool.RECORD} and all(_sha256(out / n) == f["sha256"] for n, f in files.items())

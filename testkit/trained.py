@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from gemma4_images.upstream import cache_dir
-from testkit import tiny_gemma4
+from testkit import tiny_model
 
 SEED = 0  # the random model's seed: its weights are the training's starting point
 FIXTURE = Path(__file__).resolve().parent / "fixture"
@@ -49,7 +49,9 @@ def assemble(out_dir: Path, weights: Path, manifest: dict) -> Path:
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=f".{out_dir.name}.") as tmp:
         folder = Path(tmp) / "model"
-        tiny_gemma4.write_tiny_gemma4(folder, seed=SEED)
+        # The random model's folder as tiny_model caches it (the committed copy of what
+        # tiny_gemma4 writes, stamped with its digest).
+        shutil.copytree(tiny_model.ensure(SEED), folder)
         shutil.copyfile(weights, folder / WEIGHTS)
         (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         readable(folder)
@@ -70,7 +72,13 @@ def ensure(fixture: Path = FIXTURE) -> Path:
             "(regenerate both with: python -m testkit.train --fixture)"
         )
     out = cache_dir() / f"tiny-gemma4-trained-{digest[:12]}"
-    made = out / MANIFEST  # written last: the folder is whole when it holds the fixture's record
-    if not made.exists() or json.loads(made.read_text()) != manifest:
+    made = out / MANIFEST  # the folder is whole when it holds the fixture's record (renamed in whole)
+    stamp = out / tiny_model.MADE_FROM
+    if (
+        not made.exists()
+        or json.loads(made.read_text()) != manifest
+        or not stamp.is_file()
+        or stamp.read_text() != tiny_model.made_from()
+    ):
         assemble(out, weights, manifest)
     return readable(out)

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from gemma4_images import bench
+from gemma4_images import bench, matrix
 from gemma4_images.image_code import gemma4_bench as h
 
 LOG = """building gemma4-e2b-bench/xeon6:build (Dockerfile.cpu on base)
@@ -181,13 +181,12 @@ def test_benchmarks_md_is_rendered_from_the_committed_results():
 def test_quickstart_steps_split_at_the_commands_make_echoes():
     from gemma4_images import quickstart_time
 
-    lines = [
-        (3.0, ".venv/bin/python build.py base cpu"),
-        (4.0, "rootfs: up to date"),
-        (10.0, ".venv/bin/python build.py build cpu --tiny"),
-        (30.0, 'docker run --rm --network host "$(.venv/bin/python build.py tag cpu --tiny)" --print-command'),
-        (33.0, ".venv/bin/python build.py smoke cpu --tiny"),
-    ]
+    # The commands as make echoes them: the quickstart recipe of the Makefile, $(PY) expanded.
+    makefile = (matrix.ROOT / "Makefile").read_text()
+    recipe = makefile.split("\nquickstart:", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
+    echoed = [line.strip().replace("$(PY)", ".venv/bin/python") for line in recipe]
+    assert len(echoed) == len(quickstart_time.STEPS) == 3
+    lines = [(3.0, echoed[0]), (4.0, "rootfs: up to date"), (10.0, echoed[1]), (33.0, echoed[2])]
     steps = quickstart_time.split_steps(lines, 0.0, 100.0)
-    assert list(steps.values()) == [3.0, 7.0, 20.0, 3.0, 67.0]
-    assert list(steps)[0] == quickstart_time.FIRST
+    assert list(steps.values()) == [3.0, 7.0, 23.0, 67.0]
+    assert list(steps) == [quickstart_time.FIRST, *(name for _, name in quickstart_time.STEPS)]

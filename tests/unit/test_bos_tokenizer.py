@@ -283,3 +283,53 @@ def test_hub_failure_message_does_not_echo_the_token(tmp_path, monkeypatch):
         apply.make_bos_copy("google/gemma-4-E2B-it", tmp_path / "out")
     assert "401" in str(refused.value) and "HF_TOKEN" in str(refused.value)
     _assert_token_absent(tmp_path, str(refused.value))
+
+
+# -- the build's staging of the copy (gemma4_images.tokenizer_copy.stage) -------------------------
+
+
+@pytest.fixture
+def staging(source, tmp_path, monkeypatch):
+    """stage() for xeon6 (a BOS-copy target) from a private copy of the tiny tokenizer, counting
+    how often the tool really makes the copy."""
+    from gemma4_images import matrix, tokenizer_copy
+
+    src = _copy_tokenizer(source, tmp_path / "src")
+    made = []
+    real = tokenizer_copy.bos_tool.make_bos_copy
+    monkeypatch.setattr(tokenizer_copy.bos_tool, "make_bos_copy", lambda s, o: made.append(s) or real(s, o))
+    m = matrix.load()
+
+    def stage():
+        out, label = tokenizer_copy.stage(m, "xeon6", str(src), stage_dir=tmp_path / "stage")
+        assert label == "local:src" and (out / "gemma4-bos.json").is_file()
+        return out
+
+    return stage, src, made
+
+
+def test_staging_an_unchanged_local_tokenizer_again_keeps_the_checked_copy(staging):
+    stage, _, made = staging
+    first = {p.name: p.read_bytes() for p in stage().iterdir()}
+    again = {p.name: p.read_bytes() for p in stage().iterdir()}
+    assert len(made) == 1 and again == first
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["source edited", "copy edited", "file added to the copy", "record deleted"],
+)
+def test_staging_makes_the_copy_again_after_any_change(staging, change):
+    stage, src, made = staging
+    out = stage()
+    if change == "source edited":
+        _edit_json(src / "tokenizer_config.json", lambda d: d.update(model_max_length=77))
+    elif change == "copy edited":
+        _edit_json(out / "tokenizer.json", lambda d: d.update(post_processor=None))
+    elif change == "file added to the copy":
+        (out / "leftover.txt").write_text("not the tool's")
+    else:
+        (out / "gemma4-bos.json").unlink()
+    out = stage()
+    assert len(made) == 2 and not (out / "leftover.txt").exists()
+    assert json.loads((out / "tokenizer.json").read_text())["post_processor"] is not None

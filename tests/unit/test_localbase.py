@@ -57,3 +57,24 @@ def test_a_stale_root_filesystem_is_rebuilt_even_when_the_base_matches_it(monkey
     monkeypatch.setattr(localbase, "wheelhouse", lambda *a, **kw: None)
     with pytest.raises(localbase.LocalBaseError, match="mmdebstrap is not installed"):
         localbase.cpu_base(client_with("an-older-package-list"), M, print)
+
+
+def test_prefetch_runs_on_the_root_filesystem_while_the_base_builds(monkeypatch):
+    # The base is missing (rebuilt); the image build's downloads go ahead meanwhile: the stand-in
+    # build below only finishes once prefetch has been called, so a prefetch run after the base
+    # build (or never) fails here.
+    import threading
+
+    started, seen = threading.Event(), []
+    label = localbase.INPUTS_LABEL
+    client = FakeClient({localbase.ROOTFS_TAG: ("sha256:rootfs", {label: localbase.ROOTFS_INPUTS})})
+    monkeypatch.setattr(localbase, "wheelhouse", lambda *a, **kw: "/wheels")
+
+    def build_base(client, matrix, log, tag, nocache, base, inputs, wheels, uv):
+        assert started.wait(10), "prefetch did not run while the base was building"
+        seen.append((tag, base, wheels))
+
+    monkeypatch.setattr(localbase, "_build_base", build_base)
+    prefetched = []
+    localbase.cpu_base(client, M, print, prefetch=lambda rootfs: prefetched.append(rootfs) or started.set())
+    assert prefetched == [localbase.ROOTFS_TAG] and seen == [(BASE, localbase.ROOTFS_TAG, "/wheels")]

@@ -187,6 +187,16 @@ def test_model_loads_and_runs_a_forward_pass(tiny_dir, tok):
     assert torch.isfinite(logits.float()).all()
 
 
+def test_the_committed_random_model_is_what_the_writer_writes_today(tiny_dir):
+    # testkit.tiny_model copies testkit/fixture/random/ instead of writing the folder again.
+    from testkit import tiny_model
+
+    assert _digests(tiny_model.FIXTURE) == _digests(tiny_dir), (
+        "testkit/fixture/random/ drifted from testkit/tiny_gemma4.py: "
+        "python -m testkit.tiny_gemma4 testkit/fixture/random --seed 0"
+    )
+
+
 def test_same_seed_same_bytes_other_seed_other_weights(tiny_dir, tmp_path):
     # Through the CLI, so the entry point is covered too.
     again = tmp_path / "again"
