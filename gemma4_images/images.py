@@ -116,11 +116,13 @@ def build_local_base(client, matrix: Matrix, name: str, log, nocache=False) -> s
         )
 
     def prefetch(rootfs: str) -> None:
-        # What the image build then finds in the machine cache; its own failure is its own
-        # build's to report (it tries again), not the base's.
+        # What the image build then finds in the machine cache (the audio extras' wheelhouse, the
+        # vLLM sdist the upstream files come from); a failure here is the image build's to report
+        # (it tries again), not the base's.
         try:
             audio_wheels(connect(), matrix, name, rootfs, log)
+            upstream.stage(matrix)
         except Exception as e:  # noqa: BLE001 - a download ahead of time, never the base's failure
-            log(f"note: fetching the audio extras ahead of the image build failed ({e}); the build fetches them")
+            log(f"note: fetching ahead of the image build failed ({e}); the build fetches again")
 
     return localbase.cpu_base(client, matrix, log, tag=target.base.local, nocache=nocache, prefetch=prefetch)
