@@ -119,10 +119,13 @@ def build_local_base(client, matrix: Matrix, name: str, log, nocache=False) -> s
         # What the image build then finds in the machine cache (the audio extras' wheelhouse, the
         # vLLM sdist the upstream files come from); a failure here is the image build's to report
         # (it tries again), not the base's.
-        try:
-            audio_wheels(connect(), matrix, name, rootfs, log)
-            upstream.stage(matrix)
-        except Exception as e:  # noqa: BLE001 - a download ahead of time, never the base's failure
-            log(f"note: fetching ahead of the image build failed ({e}); the build fetches again")
+        for what, fetch in (
+            ("the audio extras", lambda: audio_wheels(connect(), matrix, name, rootfs, log)),
+            ("the upstream files", lambda: upstream.stage(matrix)),
+        ):
+            try:
+                fetch()
+            except Exception as e:  # noqa: BLE001 - a download ahead of time, never the base's failure
+                log(f"note: fetching {what} ahead of the image build failed ({e}); the build fetches them again")
 
     return localbase.cpu_base(client, matrix, log, tag=target.base.local, nocache=nocache, prefetch=prefetch)

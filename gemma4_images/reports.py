@@ -13,6 +13,7 @@ from pathlib import Path
 
 from . import image_contents
 from .matrix import ROOT
+from .upstream import file_sha256
 
 
 def write_document(path: Path, text: str) -> None:
@@ -50,13 +51,23 @@ def write_provenance(contents, m, name: str, out: Path | None = None) -> str:
 
 
 # What the documents are computed from besides the image: the code that reads the image and
-# writes them, the matrix the provenance reads, and the CycloneDX library that serializes the SBOM.
-GENERATOR_FILES = ["gemma4_images/image_contents.py", "gemma4_images/sbom.py", "gemma4_images/provenance.py"]
+# writes them, targets.yaml (and the code that reads it) for the provenance, and the libraries
+# that write the SBOM's components and purls.
+GENERATOR_FILES = [
+    "gemma4_images/image_contents.py",
+    "gemma4_images/sbom.py",
+    "gemma4_images/provenance.py",
+    "gemma4_images/matrix.py",
+    "targets.yaml",
+]
+GENERATOR_LIBRARIES = ["cyclonedx-python-lib", "packageurl-python"]
 
 
 def _generator() -> str:
-    h = hashlib.sha256(metadata.version("cyclonedx-python-lib").encode())
-    for rel in [*GENERATOR_FILES, "targets.yaml"]:
+    h = hashlib.sha256()
+    for dist in GENERATOR_LIBRARIES:
+        h.update(f"{dist}=={metadata.version(dist)}\n".encode())
+    for rel in GENERATOR_FILES:
         h.update(rel.encode() + b"\0" + (ROOT / rel).read_bytes())
     return h.hexdigest()
 
@@ -65,34 +76,33 @@ def _stamp_path(name: str) -> Path:
     return Path(f"reports/.{name}.written-for.json")
 
 
-def _file_sha256(path: Path) -> str | None:
-    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
-
-
-def _stamp(name: str, image_id: str, ref: str) -> dict:
+def _stamp(name: str, image, ref: str) -> dict:
     return {
-        "image": image_id,
+        "image": image.id,
         "ref": ref,
+        # the provenance's subjects name them too (a push or pull adds one)
+        "repo_digests": sorted(image.attrs.get("RepoDigests") or []),
         "generator": _generator(),
-        "files": {str(p): _file_sha256(p) for p in (sbom_path(name), provenance_path(name))},
+        "files": {str(p): file_sha256(p) if p.is_file() else None for p in (sbom_path(name), provenance_path(name))},
     }
 
 
-def current(name: str, image_id: str, ref: str) -> bool:
-    """Both documents exist as written for this image id and tag, by this generator."""
+def current(name: str, image, ref: str) -> bool:
+    """Both documents exist as written for this image (id and repo digests) and tag, by this
+    generator, and untouched since."""
     try:
         recorded = json.loads(_stamp_path(name).read_text())
     except (OSError, ValueError):
         return False
-    now = _stamp(name, image_id, ref)
+    now = _stamp(name, image, ref)
     return recorded == now and all(now["files"].values())
 
 
 def for_build(client, m, name: str, built: str, log) -> None:
     """Write (or keep, when current) TARGET name's SBOM and provenance for the image built."""
-    image_id = client.images.get(built).id
-    if current(name, image_id, built):
-        log(f"{sbom_path(name)} and {provenance_path(name)} already describe {built} ({image_id[:19]}): kept")
+    image = client.images.get(built)
+    if current(name, image, built):
+        log(f"{sbom_path(name)} and {provenance_path(name)} already describe {built} ({image.id[:19]}): kept")
         return
     _stamp_path(name).unlink(missing_ok=True)
     contents = image_contents.read(client, m, name, built)
@@ -101,4 +111,4 @@ def for_build(client, m, name: str, built: str, log) -> None:
     except image_contents.ImageError as e:
         raise image_contents.ImageError(f"{e}; {built} was built, but its SBOM was not written") from e
     log(write_provenance(contents, m, name))
-    write_document(_stamp_path(name), json.dumps(_stamp(name, image_id, built), indent=1) + "\n")
+    write_document(_stamp_path(name), json.dumps(_stamp(name, image, built), indent=1) + "\n")

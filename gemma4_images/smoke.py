@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import socket
 import sys
 import time
@@ -492,7 +493,7 @@ def _container(
     if t.smoke.user:
         kw["user"] = t.smoke.user
     container = LoopbackContainer(image, network_mode=network_mode, **kw)
-    cache = compile_cache_dir(target, t.smoke.user) if t.smoke.compile_cache else None
+    cache = compile_cache_dir(target, _image_id(image), t.smoke.user) if t.smoke.compile_cache else None
     if cache:
         container.with_volume_mapping(str(cache), t.smoke.compile_cache, "rw")
     served = matrix.project.model
@@ -510,13 +511,31 @@ def _container(
     return container.with_command(args), served, args
 
 
-def compile_cache_dir(target: str, user: str | None) -> Path | None:
-    """This machine's torch inductor cache for target's smoke runs, writable by the smoke's user.
-    Inductor keys every entry by the graph, torch's version, its config and the thread count, so a
-    changed image or machine misses and compiles again. None (no cache, a note) when this host
-    user cannot give the folder to the container's user."""
-    path = upstream.cache_dir() / "smoke-compile" / target
-    path.mkdir(parents=True, exist_ok=True)
+KEPT_COMPILE_CACHES = 8  # per target: the images smoked most recently on this machine
+
+
+def _image_id(image: str) -> str:
+    import docker
+
+    return docker.from_env().images.get(image).id
+
+
+def compile_cache_dir(target: str, image_id: str, user: str | None) -> Path | None:
+    """This machine's torch inductor cache for one image's smoke runs, writable by the smoke's
+    user. One folder per image id: inductor's own keys (graph, torch's version and config, thread
+    count) say nothing of the image's compiler or headers, so a changed image compiles once for
+    itself (and fails the smoke if it cannot), while the same image run again finds its compile
+    done. The parent is root's alone (0700), so no host user, uid 2000 included, reaches the
+    folders the containers load compiled code from. None (no cache, a note) when this host user
+    cannot give the folder to the container's user."""
+    parent = upstream.cache_dir() / "smoke-compile" / target
+    parent.mkdir(parents=True, exist_ok=True)
+    parent.chmod(0o700)
+    path = parent / image_id.removeprefix("sha256:")[:16]
+    path.mkdir(exist_ok=True)
+    os.utime(path)  # most recently used first, when the oldest go
+    for old in sorted(parent.iterdir(), key=lambda p: p.stat().st_mtime, reverse=True)[KEPT_COMPILE_CACHES:]:
+        shutil.rmtree(old, ignore_errors=True)
     if user is None:  # the container's root writes there as it is
         return path
     try:
@@ -576,8 +595,10 @@ def run_smoke(
             return report
         started = b"".join(container.get_logs()).decode(errors="replace").splitlines()
         # What the container runs: the recipe's launch as the entrypoint composes it, plus ours.
-        launch = shlex.split(container.exec(["gemma4-serve", "--print-command", *args]).output.decode())
-        log(f"serving: {shlex.join(launch)}")
+        printed = container.exec(["gemma4-serve", "--print-command", *args]).output.decode()
+        for line in printed.strip().splitlines():  # the launch, after any `export` the entrypoint adds
+            log(f"serving: {line}")
+        launch = shlex.split(printed)
         checks = Checks(url, served, launch, script)
         special = {
             "image_facts": lambda: image_facts(client, matrix, target, image),

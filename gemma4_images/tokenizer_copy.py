@@ -1,7 +1,6 @@
 """The BOS tokenizer copy an image bakes, made on the build host: a hub download uses HF_TOKEN in
 this process only, so no token ever reaches a build arg, a layer, the history or a label."""
 
-import hashlib
 import json
 import shutil
 from importlib import metadata
@@ -9,6 +8,7 @@ from pathlib import Path
 
 from .matrix import ROOT, Matrix
 from .modules import load_file
+from .upstream import file_sha256
 
 STAGE = ROOT / ".build" / "tokenizer"
 bos_tool = load_file("gemma4_bos_tokenizer", ROOT / "patches" / "gemma4-bos-tokenizer" / "apply.py")
@@ -46,10 +46,6 @@ def stage(matrix: Matrix, name: str, source: str | None = None, stage_dir: Path 
     return out, label
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def _local_inputs(source: str) -> dict | None:
     """What the copy of a local folder is made from: its tokenizer files, the tool, and the
     libraries its check loads the copy with. None for a hub id (made again every build)."""
@@ -58,10 +54,17 @@ def _local_inputs(source: str) -> dict | None:
         return None
     return {
         "source": str(folder.resolve()),
-        "files": {n: _sha256(folder / n) for n in bos_tool.TOKENIZER_FILES if (folder / n).is_file()},
-        "tool": _sha256(Path(bos_tool.__file__)),
-        "libraries": {d: metadata.version(d) for d in ("transformers", "tokenizers")},
+        "files": {n: file_sha256(folder / n) for n in bos_tool.TOKENIZER_FILES if (folder / n).is_file()},
+        "tool": file_sha256(Path(bos_tool.__file__)),
+        "libraries": {d: _version(d) for d in ("transformers", "tokenizers")},
     }
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:  # the tool then refuses, in one line, to make the copy
+        return None
 
 
 def _kept(out: Path, made_from: Path, inputs: dict) -> bool:
@@ -76,4 +79,4 @@ def _kept(out: Path, made_from: Path, inputs: dict) -> bool:
         return False
     files = record.get("files", {})
     present = {p.name for p in out.iterdir()}
-    return present == {*files, bos_tool.RECORD} and all(_sha256(out / n) == f["sha256"] for n, f in files.items())
+    return present == {*files, bos_tool.RECORD} and all(file_sha256(out / n) == f["sha256"] for n, f in files.items())

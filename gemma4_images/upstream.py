@@ -104,6 +104,9 @@ def stage(matrix: Matrix, stage_dir: Path = STAGE) -> list[Path]:
                 if member is None:
                     raise UpstreamError(f"{src.member} is not in {src.sdist}")
                 dest.parent.mkdir(parents=True, exist_ok=True)
-                dest.write_bytes(member.read())
+                # whole or not at all: a file that exists is never fetched again
+                partial = dest.with_name(f".{dest.name}.partial")
+                partial.write_bytes(member.read())
+                partial.replace(dest)
         staged.append(dest)
     return staged

@@ -3,8 +3,9 @@
 tests that need weights nobody taught anything.
 
 Seed 0's folder is committed (testkit/fixture/random/, what `python -m testkit.tiny_gemma4
-testkit/fixture/random --seed 0` writes, byte for byte; tests/unit/test_tiny_gemma4.py fails when
-it drifts), so making it is a copy: writing it imports torch and transformers (~19 s on 2 cores)."""
+testkit/fixture/random --seed 0` writes, byte for byte, on the torch and CPU capability
+testkit/fixture/random.json records; tests/unit/test_tiny_gemma4.py fails when it drifts), so
+making it is a copy: writing it imports torch and transformers (~19 s on 2 cores)."""
 
 import hashlib
 import shutil

@@ -10,11 +10,12 @@ from gemma4_images import reports
 
 
 class Engine:
-    """The one engine call for_build makes: the built image's id."""
+    """The one engine call for_build makes: the built image's id and repo digests."""
 
-    def __init__(self, image_id):
-        self.images = SimpleNamespace(get=lambda ref: SimpleNamespace(id=self.id))
+    def __init__(self, image_id, repo_digests=()):
         self.id = image_id
+        attrs = {"RepoDigests": list(repo_digests)}
+        self.images = SimpleNamespace(get=lambda ref: SimpleNamespace(id=self.id, attrs=attrs))
 
 
 @pytest.fixture
@@ -35,8 +36,8 @@ def reads(monkeypatch, tmp_path):
     return done
 
 
-def build(image_id="sha256:aaa", ref="gemma4-e2b:xeon6-v0.30.0"):
-    reports.for_build(Engine(image_id), None, "xeon6", ref, log=lambda line: None)
+def build(image_id="sha256:aaa", ref="gemma4-e2b:xeon6-v0.30.0", repo_digests=()):
+    reports.for_build(Engine(image_id, repo_digests), None, "xeon6", ref, log=lambda line: None)
 
 
 def test_an_unchanged_image_keeps_its_documents(reads):
@@ -52,6 +53,13 @@ def test_another_image_id_or_tag_is_read_again(reads):
     build(image_id="sha256:bbb", ref="gemma4-e2b:xeon6-v0.30.0-tiny")
     assert [r[0] for r in reads] == ["sha256:aaa", "sha256:bbb", "sha256:bbb"]
     assert reports.provenance_path("xeon6").read_text() == "gemma4-e2b:xeon6-v0.30.0-tiny"
+
+
+def test_a_repo_digest_added_by_a_push_is_read_again(reads):
+    # The provenance's subjects name the image's repo digests.
+    build()
+    build(repo_digests=["127.0.0.1:5000/gemma4-e2b@sha256:ccc"])
+    assert len(reads) == 2
 
 
 @pytest.mark.parametrize("change", ["edit", "delete"])
