@@ -481,9 +481,11 @@ def _container(
     port: int,
     extra_args: list[str] = (),
     network_mode: str = "host",
+    keep_compiles: bool = True,
 ):
     """The container as targets.yaml says to run it, bound to 127.0.0.1:port, plus the model.
-    network_mode "none": no network at all, reached through `docker exec` (the model-image proof)."""
+    network_mode "none": no network at all, reached through `docker exec` (the model-image proof).
+    keep_compiles False: no host folder for the compile cache either (nothing of the host mounted)."""
     t = matrix.targets[target]
     kw = running.sdk_kwargs(t.run)
     env = {**kw.pop("environment"), **t.smoke.env}
@@ -493,7 +495,8 @@ def _container(
     if t.smoke.user:
         kw["user"] = t.smoke.user
     container = LoopbackContainer(image, network_mode=network_mode, **kw)
-    cache = compile_cache_dir(target, _image_id(image), t.smoke.user) if t.smoke.compile_cache else None
+    keep = keep_compiles and t.smoke.compile_cache
+    cache = compile_cache_dir(target, _image_id(image), t.smoke.user) if keep else None
     if cache:
         container.with_volume_mapping(str(cache), t.smoke.compile_cache, "rw")
     served = matrix.project.model

@@ -82,6 +82,7 @@ def test_cpu_tier_serves_the_model_image_with_no_network(client, m, cpu_image, t
         SERVE_PORT,
         extra_args=["--served-model-name", m.project.model],
         network_mode="none",
+        keep_compiles=False,
     )
     container.with_volume_mapping(volume, model_image.MODELS_ROOT, "ro").with_env("GEMMA4_MODEL", tiny_image.path)
     try:
