@@ -482,10 +482,12 @@ def _container(
     extra_args: list[str] = (),
     network_mode: str = "host",
     keep_compiles: bool = True,
+    image_id: str | None = None,
 ):
     """The container as targets.yaml says to run it, bound to 127.0.0.1:port, plus the model.
     network_mode "none": no network at all, reached through `docker exec` (the model-image proof).
-    keep_compiles False: no host folder for the compile cache either (nothing of the host mounted)."""
+    keep_compiles False: no host folder for the compile cache either (nothing of the host mounted).
+    image_id: the image's id when the caller has it already (else looked up for the cache)."""
     t = matrix.targets[target]
     kw = running.sdk_kwargs(t.run)
     env = {**kw.pop("environment"), **t.smoke.env}
@@ -496,7 +498,7 @@ def _container(
         kw["user"] = t.smoke.user
     container = LoopbackContainer(image, network_mode=network_mode, **kw)
     keep = keep_compiles and t.smoke.compile_cache
-    cache = compile_cache_dir(target, _image_id(image), t.smoke.user) if keep else None
+    cache = compile_cache_dir(target, image_id or _image_id(image), t.smoke.user) if keep else None
     if cache:
         container.with_volume_mapping(str(cache), t.smoke.compile_cache, "rw")
     served = matrix.project.model
@@ -581,10 +583,9 @@ def run_smoke(
     image = image or matrix.tag(target)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    container, served, args = _container(matrix, target, image, model, port)
-    report = Report(
-        target=target, image=image, model=model or matrix.project.model, image_id=client.images.get(image).id
-    )
+    image_id = client.images.get(image).id
+    container, served, args = _container(matrix, target, image, model, port, image_id=image_id)
+    report = Report(target=target, image=image, model=model or matrix.project.model, image_id=image_id)
     log(f"starting {image} on 127.0.0.1:{port}")
     try:
         container.start()

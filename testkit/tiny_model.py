@@ -33,21 +33,43 @@ def made_from(seed: int = SEED) -> str:
     return h.hexdigest()
 
 
+def stamped(folder: Path, key: str) -> bool:
+    """folder was made from key (its MADE_FROM says so)."""
+    stamp = folder / MADE_FROM
+    return stamp.is_file() and stamp.read_text() == key
+
+
+def replace_whole(out: Path, fill) -> Path:
+    """fill(folder) in a new folder beside out, then that folder in out's place: out is never
+    half made."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as tmp:
+        folder = Path(tmp) / "model"
+        fill(folder)
+        shutil.rmtree(out, ignore_errors=True)
+        folder.rename(out)
+    return out
+
+
+def readable(folder: Path) -> Path:
+    """Readable by any user: the CPU smoke tier serves as UID 2000."""
+    for path in [folder, *folder.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return folder
+
+
 def ensure(seed: int = SEED) -> Path:
     """A folder with config, weights and tokenizer, readable by any user (smoke runs as UID 2000)."""
     out = cache_dir() / f"tiny-gemma4-seed{seed}"
-    stamp, key = out / MADE_FROM, made_from(seed)
-    if not stamp.is_file() or stamp.read_text() != key:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as tmp:
-            folder = Path(tmp) / "model"
+    key = made_from(seed)
+    if not stamped(out, key):
+
+        def fill(folder: Path) -> None:
             if seed == SEED:
                 shutil.copytree(FIXTURE, folder)
             else:
                 tiny_gemma4.write_tiny_gemma4(folder, seed=seed)
             (folder / MADE_FROM).write_text(key)
-            shutil.rmtree(out, ignore_errors=True)
-            folder.rename(out)
-    for path in [out, *out.rglob("*")]:
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    return out
+
+        replace_whole(out, fill)
+    return readable(out)

@@ -11,11 +11,11 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import tempfile
 from pathlib import Path
 
 from gemma4_images.upstream import cache_dir
 from testkit import tiny_model
+from testkit.tiny_model import readable
 
 SEED = 0  # the random model's seed: its weights are the training's starting point
 FIXTURE = Path(__file__).resolve().parent / "fixture"
@@ -26,13 +26,6 @@ MANIFEST = "manifest.json"  # how the weights were made (testkit.train), copied 
 def fixture_manifest(folder: Path = FIXTURE) -> dict:
     """How the weights in folder (the fixture, or a model folder) were made."""
     return json.loads((folder / MANIFEST).read_text())
-
-
-def readable(folder: Path) -> Path:
-    """Readable by any user: the CPU smoke tier serves as UID 2000."""
-    for path in [folder, *folder.rglob("*")]:
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    return folder
 
 
 def replaceable(out_dir: Path) -> bool:
@@ -46,19 +39,16 @@ def assemble(out_dir: Path, weights: Path, manifest: dict) -> Path:
     out_dir = Path(out_dir)
     if not replaceable(out_dir):
         raise FileExistsError(f"{out_dir} exists and is not a model folder testkit wrote")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=f".{out_dir.name}.") as tmp:
-        folder = Path(tmp) / "model"
+
+    def fill(folder: Path) -> None:
         # The random model's folder as tiny_model caches it (the committed copy of what
         # tiny_gemma4 writes, stamped with its digest).
         shutil.copytree(tiny_model.ensure(SEED), folder)
         shutil.copyfile(weights, folder / WEIGHTS)
         (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         readable(folder)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        folder.rename(out_dir)
-    return out_dir
+
+    return tiny_model.replace_whole(out_dir, fill)
 
 
 def ensure(fixture: Path = FIXTURE) -> Path:
@@ -73,12 +63,10 @@ def ensure(fixture: Path = FIXTURE) -> Path:
         )
     out = cache_dir() / f"tiny-gemma4-trained-{digest[:12]}"
     made = out / MANIFEST  # the folder is whole when it holds the fixture's record (renamed in whole)
-    stamp = out / tiny_model.MADE_FROM
     if (
         not made.exists()
         or json.loads(made.read_text()) != manifest
-        or not stamp.is_file()
-        or stamp.read_text() != tiny_model.made_from()
+        or not tiny_model.stamped(out, tiny_model.made_from())
     ):
         assemble(out, weights, manifest)
     return readable(out)
