@@ -10,7 +10,7 @@ from gemma4_images import reports
 
 
 class Engine:
-    """The one engine call for_build makes: the built image's id and repo digests."""
+    """Stand-in for the Docker client: the one call for_build makes (the image's id, repo digests)."""
 
     def __init__(self, image_id, repo_digests=()):
         self.id = image_id
