@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,23 @@ def make_key(home: Path, name: str) -> tuple[str, Path]:
     public = home.parent / f"{name}.pub.asc"
     public.write_bytes(gpg(home, "--armor", "--export", fpr).stdout)
     return fpr, public
+
+
+def corrupt_signature_value(signed: bytes) -> bytes:
+    """The same signed message with one bit of its signature value flipped, so that it parses and
+    verifies as a bad signature, every time. Flipping a byte of the file itself does not: skopeo's
+    (gpgme's) message is one compressed packet (RFC 4880 5.6: old-format tag 8, length to the end,
+    then the algorithm byte), and a flipped byte in that deflate stream turned out a bad signature,
+    a zlib error GnuPG reports as zero signatures, or (in the stream's padding bits) nothing at all,
+    depending on where the byte fell (60 messages measured here: 53 bad, 7 zlib errors in the
+    middle; 43 of 60 still good at the last byte). The inner packets end with the signature
+    packet, whose last bytes are its signature value (RFC 4880 5.2.3)."""
+    assert signed[0] == 0xA3, f"expected one compressed packet of indeterminate length, got {signed[:2].hex()}"
+    algorithm = {1: -15, 2: 15}[signed[1]]  # ZIP is raw deflate, ZLIB has the zlib header (RFC 4880 9.3)
+    inner = bytearray(zlib.decompress(signed[2:], algorithm))
+    inner[-1] ^= 0x01
+    packer = zlib.compressobj(wbits=algorithm)
+    return signed[:2] + packer.compress(bytes(inner)) + packer.flush()
 
 
 @pytest.fixture(scope="module")
@@ -270,19 +288,17 @@ def test_a_tampered_signature_is_refused(client, m, registry, images, keys, tmp_
     folder = reports(tmp_path / "reports", images[0], with_files=False)
     entry, _ = signed_push(client, m, registry, images[0], folder, keys)
     for sig in entry["signatures"]:
-        data = bytearray(Path(sig["signature"]).read_bytes())
-        data[len(data) // 2] ^= 0x01
-        Path(sig["signature"]).write_bytes(bytes(data))
+        path = Path(sig["signature"])
+        path.write_bytes(corrupt_signature_value(path.read_bytes()))
     with pytest.raises(signing.SigningError) as refused:
         verify.verify(version_ref(entry), key=keys["public"], signatures=str(folder / "signatures"), log=print)
-    # One signature per tag of the digest, each refused: GnuPG says "Invalid GPG signature" or,
-    # when the flipped byte breaks the packet framing, "No data".
+    # One signature per tag of the digest, each refused as a signature that does not verify.
     message = str(refused.value)
     head = f"{version_ref(entry)} refused: Source image rejected: None of the signatures were accepted, reasons: "
     assert message.startswith(head) and "\n" not in message
     reasons = message.removeprefix(head).split("; ")
     assert len(reasons) == len(entry["tags"])
-    assert set(reasons) <= {"Invalid GPG signature: the signature does not verify with that key", "No data"}
+    assert set(reasons) == {"Invalid GPG signature: the signature does not verify with that key"}
 
 
 def test_a_signature_by_another_key_is_refused(client, m, registry, images, keys, tmp_path):
