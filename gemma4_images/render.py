@@ -50,7 +50,7 @@ def render_all(matrix: Matrix) -> dict[str, str]:
         stage1 = [t.stage1 for t in targets if t.stage1]
         if stage1:
             out[dockerfile_name(f"{family}-vllm")] = env.get_template(f"{family}-vllm.Dockerfile.j2").render(
-                stage1=stage1[0]
+                stage1=stage1[0], project=matrix.project
             )
     for name in matrix.targets:
         # The entrypoint writes build.json from the label table it finds here.

@@ -314,6 +314,41 @@ def test_wav(rate: int = 44100, seconds: float = 0.5, hz: float = 440.0) -> byte
     return buf.getvalue()
 
 
+def test_avi(size: int = 32, frames: int = 4, fps: int = 2, rgb: tuple[int, int, int] = (200, 30, 30)) -> bytes:
+    """An uncompressed AVI (RIFF, one 32-bit BI_RGB video stream, keyframe index) of one colour,
+    made with the standard library: a video vLLM's loaders decode that needs no encoder. Layout
+    from Microsoft's AVI RIFF reference (avih, strh, BITMAPINFOHEADER, idx1). 32 bits per pixel,
+    not 24: OpenCV 5.0.0's FFmpeg reader (the CPU image's) aborts the process on a 24-bit
+    bottom-up stream ("malloc_consolidate(): invalid chunk size", measured), and reads this."""
+
+    def chunk(fourcc: bytes, data: bytes) -> bytes:
+        return fourcc + struct.pack("<I", len(data)) + data + b"\x00" * (len(data) % 2)
+
+    def riff_list(kind: bytes, fourcc: bytes, body: bytes) -> bytes:
+        return kind + struct.pack("<I", len(body) + 4) + fourcc + body
+
+    image = bytes([*reversed(rgb), 0]) * size * size  # BGRX pixels, bottom row first (all alike)
+    avih = struct.pack(
+        "<10I4I", 1_000_000 // fps, len(image) * fps, 0, 0x10, frames, 0, 1, len(image), size, size, 0, 0, 0, 0
+    )
+    strh = (
+        b"vids"
+        + b"DIB "
+        + struct.pack("<IHHIIIIIIiI4h", 0, 0, 0, 0, 1, fps, 0, frames, len(image), -1, 0, 0, 0, size, size)
+    )
+    strf = struct.pack("<IiiHHIIiiII", 40, size, size, 1, 32, 0, len(image), 0, 0, 0, 0)
+    header = riff_list(
+        b"LIST",
+        b"hdrl",
+        chunk(b"avih", avih) + riff_list(b"LIST", b"strl", chunk(b"strh", strh) + chunk(b"strf", strf)),
+    )
+    movi = b"".join(chunk(b"00db", image) for _ in range(frames))
+    # idx1 offsets count from the "movi" fourcc; each frame chunk is 8 header bytes + the image.
+    index = b"".join(struct.pack("<4sIII", b"00db", 0x10, 4 + n * (8 + len(image)), len(image)) for n in range(frames))
+    body = header + riff_list(b"LIST", b"movi", movi) + chunk(b"idx1", index)
+    return riff_list(b"RIFF", b"AVI ", body)
+
+
 def _probe_cuda(_):
     import torch
 

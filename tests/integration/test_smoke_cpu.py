@@ -6,11 +6,13 @@ import shlex
 import shutil
 import subprocess
 import sys
+import zipfile
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from gemma4_images import matrix, smoke
+from gemma4_images import matrix, smoke, wheels
 from testkit import exchanges, trained
 from tests import stuck_engine
 
@@ -106,12 +108,29 @@ def sabotaged_files(client, image: str, dest):
     return mounts
 
 
+# What the CPU stand-in resolved before targets.yaml pinned transformers_version: vLLM 0.30.0 then
+# answered every video request 400 ("unhashable type: 'dict'"). Its huggingface-hub floor (1.31.0)
+# is met by the image's, so the package folder alone is swapped.
+NEWER_TRANSFORMERS = "transformers==5.24.0"
+
+
+def newer_transformers(dest) -> Path:
+    """NEWER_TRANSFORMERS' package folder, unpacked from its wheel (downloaded once per machine)."""
+    root = dest / "newer-transformers"
+    with zipfile.ZipFile(wheels.wheel(NEWER_TRANSFORMERS)) as whl:
+        whl.extractall(root, [n for n in whl.namelist() if n.startswith("transformers/")])
+    for path in [root, *root.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)  # the server runs as uid 2000
+    return root / "transformers"
+
+
 @pytest.fixture(scope="module")
 def plain_server(client, m, unfixed_image, tmp_path_factory):
     """A deliberately broken server, for the checks to fail on, serving the tiny trained model: the
     CPU image without its fixes pack; the model's own tokenizer files instead of the BOS copy,
     without the config.json beside them (as the BOS copy was before it carried one); its recipe
-    switched to audio: false; and vLLM's sampling parameters broken (SABOTAGE)."""
+    switched to audio: false; vLLM's sampling parameters broken (SABOTAGE); and a transformers
+    newer than vLLM 0.30.0's (NEWER_TRANSFORMERS, over the image's own)."""
     image = unfixed_image
     model = trained.ensure()
     scratch = tmp_path_factory.mktemp("plain")
@@ -130,6 +149,7 @@ def plain_server(client, m, unfixed_image, tmp_path_factory):
     container.with_volume_mapping(str(scratch), "/opt/plain", "ro").with_env("GEMMA4_RECIPE", "/opt/plain/recipe.json")
     for host, inside in sabotaged_files(client, image, scratch).items():
         container.with_volume_mapping(host, inside, "ro")
+    container.with_volume_mapping(str(newer_transformers(scratch)), f"{SITE}/transformers", "ro")
     try:
         container.start()
         smoke.wait_healthy(container.get_wrapped_container(), f"http://127.0.0.1:{port}", 600)
@@ -191,6 +211,18 @@ def test_audio_switched_off_refuses_audio_with_a_4xx_and_still_serves_images(pla
     # The same answers fail the check where the launch is said to accept audio.
     with pytest.raises(smoke.CheckFailed, match="200 for an audio request"):
         smoke.Checks(checks.url, checks.model, launch[:at] + launch[at + 2 :]).audio_input()
+
+
+def test_video_check_fails_with_a_transformers_newer_than_vllms(plain_server):
+    # The launch accepts video (no limit for it); transformers 5.24's video processor mapping breaks
+    # vLLM 0.30.0's video loader lookup. The images pin targets.yaml's transformers_version instead.
+    with pytest.raises(smoke.CheckFailed, match=r"200 for a video request .* 400 .*unhashable type: 'dict'"):
+        plain_server.checks.video_input()
+    # The same transformers fails vLLM's multi-modal warm-up at start, which the log check names.
+    warmup = [line for line in plain_server.log if "Multi-modal warmup failed" in line]
+    assert warmup
+    with pytest.raises(smoke.CheckFailed, match="failed warm-up in the start-up log"):
+        smoke.startup_log(warmup)
 
 
 def test_a_missing_image_is_one_clear_line(tmp_path):

