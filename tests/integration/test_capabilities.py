@@ -104,8 +104,14 @@ def test_a_cuda_target_names_the_tag_that_carries_its_runtime(client, cpu_image)
     ]
 
 
+@pytest.fixture(scope="module")
+def cuda13_base(cuda_standin):
+    """Made before the test's leftover counts start (a rebuilt fixed tag leaves its old image `<none>`)."""
+    return cuda_standin("13.0")
+
+
 def test_a_build_on_the_other_cuda_runtime_fails_untagged(
-    client, m, cuda_standin, untagged, no_new_containers, no_new_dangling_images
+    client, m, cuda13_base, untagged, no_new_containers, no_new_dangling_images
 ):
     tag = untagged("gemma4-e2b-test/h100:wrong-cuda")
     with pytest.raises(BuildFailed) as failed:
@@ -113,7 +119,7 @@ def test_a_build_on_the_other_cuda_runtime_fails_untagged(
             client,
             m,
             "h100",
-            base_override=cuda_standin("13.0"),
+            base_override=cuda13_base,
             tag=tag,
             tokenizer_source=str(tiny_model.ensure()),
             log=print,

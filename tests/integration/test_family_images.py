@@ -79,10 +79,16 @@ def test_healthcheck_fails_when_nothing_serves(client, built):
         container.remove(force=True)
 
 
+@pytest.fixture(scope="module")
+def older_vllm_base(standin):
+    """Made before the test's leftover counts start (a rebuilt fixed tag leaves its old image `<none>`)."""
+    return standin("0.29.0")
+
+
 def test_version_mismatch_fails_the_build_and_tags_nothing(
-    client, m, standin, untagged, no_new_containers, no_new_dangling_images
+    client, m, older_vllm_base, untagged, no_new_containers, no_new_dangling_images
 ):
-    base = standin("0.29.0")
+    base = older_vllm_base
     tag = untagged("gemma4-e2b-test/mismatch:standin")
     with pytest.raises(BuildFailed) as e:
         images.build_target(client, m, "h100", base_override=base, tag=tag, log=print)

@@ -95,8 +95,15 @@ def test_skip_warmup_stops_the_container(client, gaudi_image):
         container.remove(force=True)
 
 
+@pytest.fixture(scope="module")
+def wrong_commit_base(gaudi_base):
+    """Made before the test's leftover counts start: rebuilding this fixed tag on a changed CPU base
+    leaves its previous image `<none>`, which is not the failed build's leftover."""
+    return gaudi_base("0.30.0+g1234567")
+
+
 def test_wrong_vllm_gaudi_fails_the_build_untagged(
-    client, m, gaudi_base, untagged, no_new_containers, no_new_dangling_images
+    client, m, wrong_commit_base, untagged, no_new_containers, no_new_dangling_images
 ):
     tag = untagged("gemma4-e2b-test/gaudi2:wrong-commit")
     with pytest.raises(BuildFailed) as e:
@@ -104,7 +111,7 @@ def test_wrong_vllm_gaudi_fails_the_build_untagged(
             client,
             m,
             "gaudi2",
-            base_override=gaudi_base("0.30.0+g1234567"),
+            base_override=wrong_commit_base,
             tokenizer_source=str(tiny_model.ensure()),
             tag=tag,
             log=print,

