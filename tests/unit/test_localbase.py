@@ -106,7 +106,7 @@ def test_the_locked_wheelhouse_asks_for_each_pin_once_with_its_hashes(monkeypatc
     monkeypatch.setattr(wheels, "cache_dir", lambda: tmp_path)
     asked = []
 
-    def pip_download(requirements, dest, *args):
+    def pip_download(requirements, dest, *args, nice=False):
         assert requirements[0] == "-r" and {"--no-deps", "--require-hashes"} <= set(args)
         asked.extend(Path(requirements[1]).read_text().splitlines())
 
