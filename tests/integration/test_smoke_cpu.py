@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from gemma4_images import matrix, smoke, wheels
-from testkit import exchanges, trained
+from testkit import exchanges, tiny_model, trained
 from tests import stuck_engine
 
 pytestmark = pytest.mark.integration
@@ -119,9 +119,7 @@ def newer_transformers(dest) -> Path:
     root = dest / "newer-transformers"
     with zipfile.ZipFile(wheels.wheel(NEWER_TRANSFORMERS)) as whl:
         whl.extractall(root, [n for n in whl.namelist() if n.startswith("transformers/")])
-    for path in [root, *root.rglob("*")]:
-        path.chmod(0o755 if path.is_dir() else 0o644)  # the server runs as uid 2000
-    return root / "transformers"
+    return tiny_model.readable(root) / "transformers"
 
 
 @pytest.fixture(scope="module")
