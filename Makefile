@@ -4,7 +4,7 @@ PY := .venv/bin/python
 PYTEST_ARGS ?= -m "not device"
 
 .DEFAULT_GOAL := help
-.PHONY: help host quickstart image images base render lint lock smoke check-fixes port-fixes test list bench
+.PHONY: help host host-build quickstart image images base render lint lock smoke check-fixes port-fixes test list bench
 
 help: ## Show targets and variables
 	@echo "usage: make <target> [HW=<hardware>]"
@@ -13,27 +13,31 @@ help: ## Show targets and variables
 	@echo
 	@echo "variables: HW=<target or alias> (default cpu; see 'make list'), PYTEST_ARGS (default -m \"not device\")"
 
-host: ## Install and start what builds need (Docker engine, mmdebstrap, Python venv)
-	@scripts/setup-host.sh
+host: ## Install and start what builds and tests need (Docker engine, mmdebstrap, the tests' venv)
+	@scripts/setup-host.sh test
 
-quickstart: host ## Build the CPU image with no registry or hub, serve a tiny Gemma 4, get answers
+# Building and serving need only requirements/build.lock: no torch, a tenth of the tests' venv.
+host-build: ## The same with the build venv only (what building and serving images need)
+	@scripts/setup-host.sh build
+
+quickstart: host-build ## Build the CPU image with no registry or hub, serve a tiny Gemma 4, get answers
 	$(PY) build.py base cpu
 	$(PY) build.py build cpu --tiny
 	$(PY) build.py smoke cpu --tiny
 
-list: host ## List every target with its base image and tag
+list: host-build ## List every target with its base image and tag
 	@$(PY) build.py list
 
-image: host ## Build one image: make image HW=h100
+image: host-build ## Build one image: make image HW=h100
 	$(PY) build.py build $(HW)
 
-images: host ## Build every target's image
+images: host-build ## Build every target's image
 	$(PY) build.py build all
 
-base: host ## Build HW's local stand-in base without a registry (cpu only)
+base: host-build ## Build HW's local stand-in base without a registry (cpu only)
 	$(PY) build.py base $(HW)
 
-render: host ## Re-render Dockerfile.* and image/recipes/ from targets.yaml
+render: host-build ## Re-render Dockerfile.* and image/recipes/ from targets.yaml
 	$(PY) build.py render
 
 lint: host ## render --check, ruff (lint and format), then hadolint every Dockerfile (each inline ignore says why)
@@ -53,7 +57,7 @@ port-fixes: host ## Rebase the vllm-gaudi fixes onto another checkout (3-way mer
 	@test -n "$(VLLM_GAUDI_SRC)" || { echo "usage: make port-fixes VLLM_GAUDI_SRC=/path/to/vllm-gaudi [PYTHON=...] [PORT_ARGS='--out DIR --accept-merge --in-place']"; exit 2; }
 	$(PY) scripts/port-fixes.py "$(VLLM_GAUDI_SRC)" $(PORT_ARGS)
 
-smoke: host ## Smoke-test HW's built image (add SMOKE_ARGS="--tiny" for the tiny CPU model)
+smoke: host-build ## Smoke-test HW's built image (add SMOKE_ARGS="--tiny" for the tiny CPU model)
 	$(PY) build.py smoke $(HW) $(SMOKE_ARGS)
 
 test: host ## Run the test suite (unit + integration with a real Docker engine)

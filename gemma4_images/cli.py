@@ -22,6 +22,7 @@ from gemma4_images import (
     render,
     reports,
     running,
+    sbom,
     signing,
     tokenizer_copy,
     upstream,
@@ -247,6 +248,8 @@ def build(targets, base_image, tag, no_cache, dry_run, build_args, tokenizer_sou
             click.echo(images.dry_run(m, name, base_image, tag, no_cache, tokenizer_source, extra))
         return
     client = connect()
+    if not no_reports:
+        sbom.import_validator_meanwhile()
     for name in names:
         built = images.build_target(
             client,

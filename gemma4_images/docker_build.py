@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import shutil
+import subprocess
+import tempfile
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,14 +90,18 @@ class BuildSpec:
     context: Path
     nocache: bool = False
 
-    def command_line(self) -> str:
-        """The same build as a `docker build` command, for --dry-run and for people to read."""
-        parts = ["docker", "build", "--network", "host", "-f", self.dockerfile, "-t", self.tag]
+    def argv(self, docker: str = "docker") -> list[str]:
+        """The same build as a `docker build` command line (-f relative to the context)."""
+        parts = [docker, "build", "--network", "host", "-f", self.dockerfile, "-t", self.tag]
         if self.nocache:
             parts.append("--no-cache")
         for k, v in self.buildargs.items():
             parts += ["--build-arg", f"{k}={v}"]
-        return shlex.join(parts + [str(self.context)])
+        return parts + [str(self.context)]
+
+    def command_line(self) -> str:
+        """The build as a shell command, for --dry-run and for people to read."""
+        return shlex.join(self.argv())
 
 
 def build(client, spec: BuildSpec, log: Callable[[str], None], verbose: bool = False) -> str:
@@ -148,3 +156,65 @@ def _remove_dangling(client, image_id: str | None) -> None:
             client.images.remove(full, noprune=False)
     except (APIError, ImageNotFound):
         pass  # best effort: the build's own error is the one to report
+
+
+# BuildKit is reached through a docker CLI, since docker-py speaks only the classic builder: the one
+# on PATH, else the docker.io package's (20.10: BuildKit built in). A newer CLI builds with BuildKit
+# only through its buildx plugin, and without that plugin `DOCKER_BUILDKIT=1 docker build --help`
+# already fails: that is the probe.
+BUILDKIT_CLIS = ("docker", "/usr/bin/docker")
+BUILDKIT_ENV = {"DOCKER_BUILDKIT": "1"}
+BUILDKIT_STEP = re.compile(r"#\d+ \[(?:[\w.-]+ )?(\d+/\d+)\] (.*)")  # "#6 [3/3] RUN ..."
+BUILDKIT_OUTPUT = re.compile(r"#\d+ \d+\.\d+ (.*)")  # "#6 0.189 what the step printed"
+BUILDKIT_ERROR = re.compile(r"#\d+ ERROR: (.*)")
+
+
+def buildkit_cli() -> str:
+    """A docker CLI that builds with BuildKit, or one line saying how to get one."""
+    env = {**os.environ, **BUILDKIT_ENV}
+    for name in BUILDKIT_CLIS:
+        path = shutil.which(name)
+        if path and subprocess.run([path, "build", "--help"], env=env, capture_output=True).returncode == 0:
+            return path
+    raise DockerUnavailable(
+        "no docker CLI here builds with BuildKit (DOCKER_BUILDKIT=1): install the docker.io "
+        "package's (`apt-get install docker.io`: /usr/bin/docker), or the buildx plugin of yours"
+    )
+
+
+def build_with_buildkit(spec: BuildSpec, log: Callable[[str], None], verbose: bool = False) -> str:
+    """Build spec with BuildKit (through buildkit_cli) into the engine's image store; returns the
+    image id. Faster for a big RUN layer: the CPU stand-in base (3.25 GB in one layer) built in
+    92-93 s with it and in 119-124 s with the classic builder (two runs each, same Dockerfile, 2
+    cores). On failure raises BuildFailed; BuildKit tags nothing and leaves no image or container."""
+    with tempfile.TemporaryDirectory(prefix="gemma4-buildkit-") as tmp:
+        iidfile = Path(tmp) / "iid"
+        argv = spec.argv(buildkit_cli())
+        argv[2:2] = ["--progress=plain", "--iidfile", str(iidfile)]
+        step, error, last, tail = None, None, "", deque(maxlen=LOG_TAIL)
+        with subprocess.Popen(
+            argv,
+            cwd=spec.context,
+            env={**os.environ, **BUILDKIT_ENV},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        ) as proc:
+            for raw in proc.stdout:
+                line = ANSI.sub("", raw).rstrip()
+                last = line or last
+                if m := BUILDKIT_STEP.fullmatch(line):
+                    step = f"Step {m.group(1)} : {m.group(2)}"
+                    log(f"  {step}")
+                    tail.clear()
+                elif m := BUILDKIT_OUTPUT.fullmatch(line):
+                    tail.append(m.group(1))
+                    if verbose:
+                        log(f"    {m.group(1)}")
+                elif line.endswith(" CACHED") and step:
+                    log("    CACHED")
+                elif m := BUILDKIT_ERROR.fullmatch(line):
+                    error = m.group(1)
+        if proc.returncode != 0:
+            raise BuildFailed(spec.tag, step, error or last or f"docker build exited {proc.returncode}", list(tail))
+        return iidfile.read_text().strip()

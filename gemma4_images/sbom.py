@@ -6,8 +6,10 @@ files (what the Dockerfile copies, and the build's records), and each applied fi
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import re
+import threading
 import uuid
 from datetime import datetime
 
@@ -265,10 +267,17 @@ def to_json(bom: Bom) -> str:
     return JsonV1Dot6(bom).output_as_string(indent=2)
 
 
+def import_validator_meanwhile() -> None:
+    """Import schema_errors' validator in a background thread, for a caller that will validate
+    after a long wait: `build` imports it while the engine builds (the thread runs while the main
+    one waits on the build's stream), which took ~4 s off every build with reports."""
+    threading.Thread(target=importlib.import_module, args=("cyclonedx.validation.json",), daemon=True).start()
+
+
 def schema_errors(document: str) -> list[str]:
     """The CycloneDX 1.6 JSON schema's complaints (bundled with the library; offline)."""
-    # Imported here: its format checkers take ~4 s to import (rfc3987-syntax builds a grammar),
-    # which nothing else, the provenance included, should pay.
+    # Imported here (or by import_validator_meanwhile): its format checkers take ~4 s to import
+    # (rfc3987-syntax builds a grammar), which nothing else, the provenance included, should pay.
     from cyclonedx.validation.json import JsonStrictValidator
 
     errors = JsonStrictValidator(SchemaVersion.V1_6).validate_str(document, all_errors=True)

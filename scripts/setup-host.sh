@@ -27,15 +27,20 @@ if ! docker info >/dev/null 2>&1; then
   docker info >/dev/null 2>&1 || { echo "setup-host: dockerd did not start; see /var/log/gemma4-dockerd.log" >&2; exit 1; }
 fi
 
-# The venv holds exactly requirements/test.lock (hashes checked): uv, itself locked, installs it
-# (seconds, where pip took about two minutes). torch's CPU build comes from the local wheel folder
-# pip's configuration names on these machines.
-if [ ! -f .venv/.installed ] || [ requirements/test.lock -nt .venv/.installed ]; then
-  python3 -m venv .venv
+# The venv holds exactly one lock, hashes checked, installed by uv (itself locked; seconds, where
+# pip took about two minutes): requirements/build.lock for building and serving (`setup-host.sh
+# build`: a tenth of the size, no torch), or requirements/test.lock, which pins all of build.lock
+# too (scripts/lock.sh), for the tests (the default). torch's CPU build comes from the local wheel
+# folder pip's configuration names on these machines.
+want=${1:-test}
+case "$want" in build|test) ;; *) echo "usage: setup-host.sh [build|test]" >&2; exit 2 ;; esac
+synced() { [ -f .venv/.installed ] && [ "$(cat .venv/.installed)" = "$1" ] && [ ! "requirements/$1.lock" -nt .venv/.installed ]; }
+if ! synced "$want" && ! { [ "$want" = build ] && synced test; }; then
+  [ -x .venv/bin/python ] || python3 -m venv .venv
   # uv's own entry of the lock, every hash line of it
-  awk '/^uv==/{on=1} on && !/^ *#/{print} on && !/\\$/{exit}' requirements/test.lock > .venv/uv.req
+  awk '/^uv==/{on=1} on && !/^ *#/{print} on && !/\\$/{exit}' "requirements/$want.lock" > .venv/uv.req
   .venv/bin/pip install --quiet --disable-pip-version-check --require-hashes -r .venv/uv.req
   links=$(python3 -m pip config get global.find-links 2>/dev/null || true)
-  .venv/bin/uv pip sync --quiet --python .venv/bin/python ${links:+--find-links "$links"} requirements/test.lock
-  touch .venv/.installed
+  .venv/bin/uv pip sync --quiet --python .venv/bin/python ${links:+--find-links "$links"} "requirements/$want.lock"
+  echo "$want" > .venv/.installed
 fi

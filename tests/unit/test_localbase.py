@@ -117,3 +117,17 @@ def test_the_locked_wheelhouse_asks_for_each_pin_once_with_its_hashes(monkeypatc
     assert (dest / ".complete").read_text() == localbase.CPU_BASE_LOCK.read_text()
     asked.clear()
     assert wheels.locked_wheelhouse(localbase.CPU_BASE_LOCK) == dest and asked == []  # once per machine
+
+
+def test_without_a_buildkit_cli_the_base_build_is_one_line_naming_the_package(monkeypatch):
+    # The stand-in base builds with BuildKit; a docker CLI that cannot (none on PATH, or a new one
+    # without its buildx plugin) is refused before anything is built.
+    from gemma4_images import docker_build
+
+    monkeypatch.setattr(docker_build, "BUILDKIT_CLIS", ("gemma4-no-such-docker",))
+    with pytest.raises(docker_build.DockerUnavailable) as refused:
+        docker_build.buildkit_cli()
+    assert str(refused.value) == (
+        "no docker CLI here builds with BuildKit (DOCKER_BUILDKIT=1): install the docker.io "
+        "package's (`apt-get install docker.io`: /usr/bin/docker), or the buildx plugin of yours"
+    )
