@@ -248,16 +248,19 @@ def build(targets, base_image, tag, no_cache, dry_run, build_args, tokenizer_sou
             click.echo(images.dry_run(m, name, base_image, tag, no_cache, tokenizer_source, extra))
         return
     client = connect()
-    if not no_reports:
-        sbom.import_validator_meanwhile()
     for name in names:
+        image_tag = tag or (m.tiny_tag(name) if tiny else m.tag(name))
+        if not no_reports and not reports.current_for_tag(client, name, image_tag):
+            # Its reports will be written after the build (they are kept for an unchanged image):
+            # the validator imports meanwhile, not on a build that changes nothing.
+            sbom.import_validator_meanwhile()
         built = images.build_target(
             client,
             m,
             name,
             base_override=base_image,
             nocache=no_cache,
-            tag=tag or (m.tiny_tag(name) if tiny else None),
+            tag=image_tag,
             tokenizer_source=tokenizer_source,
             extra_args=extra,
             log=log,

@@ -12,6 +12,7 @@ from importlib import metadata
 from pathlib import Path
 
 from . import image_contents
+from .docker_build import local_image
 from .matrix import ROOT
 from .upstream import file_sha256
 
@@ -96,6 +97,12 @@ def current(name: str, image, ref: str) -> bool:
         return False
     now = _stamp(name, image, ref)
     return recorded == now and all(now["files"].values())
+
+
+def current_for_tag(client, name: str, tag: str) -> bool:
+    """current() for the image tag names now (before a build that may move it); False if none."""
+    image = local_image(client, tag)
+    return image is not None and current(name, image, tag)
 
 
 def for_build(client, m, name: str, built: str, log) -> None:
