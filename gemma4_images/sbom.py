@@ -269,8 +269,9 @@ def to_json(bom: Bom) -> str:
 
 def import_validator_meanwhile() -> None:
     """Import schema_errors' validator in a background thread, for a caller that will validate
-    after a long wait: `build` imports it while the engine builds (the thread runs while the main
-    one waits on the build's stream), which took ~4 s off every build with reports."""
+    after a long wait: `build` imports it while the engine builds an image whose reports will be
+    written (the import took 3.75 s on 2 cores; the main thread only waits on the build's stream).
+    Not for a build that changes nothing: beside its 2 s of cached steps it made that 5 s."""
     threading.Thread(target=importlib.import_module, args=("cyclonedx.validation.json",), daemon=True).start()
 
 
