@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 from pathlib import Path
 
-from .docker_build import BuildSpec, build_with_buildkit, local_image
+from .docker_build import BuildSpec, build_with_buildkit, buildkit_cli, local_image
 from .matrix import ROOT
 from .wheels import lock_entries, locked_wheelhouse, serve_directory
 
@@ -121,6 +121,7 @@ def cpu_base(client, matrix, log, tag: str | None = None, nocache: bool = False,
     if not nocache and _current(client, ROOTFS_TAG, ROOTFS_INPUTS) and _current(client, tag, inputs_for(ROOTFS_TAG)):
         log(f"{tag} is up to date")
         return tag
+    buildkit_cli()  # the base builds with BuildKit: refused now, not after the root filesystem and downloads
     with ThreadPoolExecutor(2) as pool:
         house = pool.submit(locked_wheelhouse, CPU_BASE_LOCK)
         base = rootfs(client, log)
@@ -140,6 +141,7 @@ def _build_base(client, matrix, log, tag, nocache, base, inputs, wheels) -> None
         with open(Path(ctx) / "Dockerfile", "a") as f:
             f.write(f"LABEL {INPUTS_LABEL}={inputs}\n")
         build_with_buildkit(
+            client,
             BuildSpec(
                 dockerfile="Dockerfile",
                 tag=tag,

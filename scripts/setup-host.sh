@@ -34,15 +34,23 @@ fi
 # folder pip's configuration names on these machines.
 want=${1:-test}
 case "$want" in build|test) ;; *) echo "usage: setup-host.sh [build|test]" >&2; exit 2 ;; esac
+# A test venv stays one: syncing it down to build.lock would only be undone by the next `make test`.
+[ "$want" = build ] && [ "$(cat .venv/.installed 2>/dev/null)" = test ] && want=test
 synced() { [ -f .venv/.installed ] && [ "$(cat .venv/.installed)" = "$1" ] && [ ! "requirements/$1.lock" -nt .venv/.installed ]; }
-if ! synced "$want" && ! { [ "$want" = build ] && synced test; }; then
-  # Without ensurepip when the system's pip can install into the venv (pip --python, pip 22.3+):
-  # it took 7 s of a fresh venv's 13 s. The lock then brings the venv its own pip.
-  if [ ! -x .venv/bin/python ]; then
-    if python3 -m pip --version >/dev/null 2>&1; then python3 -m venv --without-pip .venv; else python3 -m venv .venv; fi
-  fi
+if ! synced "$want"; then
+  [ -x .venv/bin/python ] || python3 -m venv --without-pip .venv
+  # uv goes in with the system's pip when it can install into the venv (pip --python, 22.3+): 7 s
+  # less than ensurepip, which took 7 of a fresh venv's 13 s. Else the venv gets its own pip first.
+  # Either way the lock then brings the venv its own pip (the wheelhouse downloads run it).
   pip=(.venv/bin/python -m pip)
-  [ -x .venv/bin/pip ] || pip=(python3 -m pip --python .venv/bin/python)
+  if [ ! -x .venv/bin/pip ]; then
+    if python3 -m pip --python .venv/bin/python --version >/dev/null 2>&1; then
+      pip=(python3 -m pip --python .venv/bin/python)
+    else
+      .venv/bin/python -m ensurepip --default-pip >/dev/null \
+        || { echo "setup-host: cannot give .venv a pip: apt-get install python3-venv" >&2; exit 1; }
+    fi
+  fi
   # uv's own entry of the lock, every hash line of it
   awk '/^uv==/{on=1} on && !/^ *#/{print} on && !/\\$/{exit}' "requirements/$want.lock" > .venv/uv.req
   "${pip[@]}" install --quiet --disable-pip-version-check --require-hashes -r .venv/uv.req

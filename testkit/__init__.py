@@ -6,6 +6,7 @@ can tell a right answer from a wrong one. It is a 1.5 MB model made to test serv
     for ex in exchanges.EXCHANGES:                 # send ex.body(served_name) to ex.path, greedy
         problem = ex.mismatch(response_json)       # None when the answer is exactly the script
 
-exchanges and media need only the standard library; trained.ensure() needs torch and transformers
-(like testkit.tiny_model.ensure()). `python -m testkit.train --fixture` remakes the weights.
+exchanges, media and trained.ensure() need only the standard library (ensure() copies the committed
+fixture, as testkit.tiny_model.ensure() does for seed 0), so the quick start serves the model from
+the build venv, which has no torch. `python -m testkit.train --fixture` remakes the weights.
 """

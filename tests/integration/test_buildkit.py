@@ -27,8 +27,9 @@ def spec(tmp_path, dockerfile, tag, rootfs):
 
 def test_a_buildkit_build_tags_the_image_it_reports(client, rootfs, tmp_path):
     lines = []
-    image_id = build_with_buildkit(spec(tmp_path, DOCKERFILE, "gemma4-e2b-test/buildkit:ok", rootfs), lines.append)
-    assert client.images.get("gemma4-e2b-test/buildkit:ok").id == image_id
+    tag = "gemma4-e2b-test/buildkit:ok"
+    image_id = build_with_buildkit(client, spec(tmp_path, DOCKERFILE, tag, rootfs), lines.append)
+    assert client.images.get(tag).id == image_id
     said = client.containers.run(image_id, ["cat", "/said"], remove=True, network_mode="host")
     assert said == b"said hello\n"  # the build arg reached the RUN step
     assert any(line.startswith("  Step ") and 'RUN echo "said' in line for line in lines), lines
@@ -39,7 +40,7 @@ def test_a_failed_buildkit_build_names_its_step_and_leaves_nothing(
 ):
     tag = untagged("gemma4-e2b-test/buildkit:failed")
     with pytest.raises(BuildFailed) as failed:
-        build_with_buildkit(spec(tmp_path, FAILING, tag, rootfs), print)
+        build_with_buildkit(client, spec(tmp_path, FAILING, tag, rootfs), print)
     assert "exit code: 3" in failed.value.error
     assert "the detail before the failure" in failed.value.step
     assert "the detail before the failure" in failed.value.tail

@@ -52,6 +52,7 @@ def test_a_stale_root_filesystem_is_rebuilt_even_when_the_base_matches_it(monkey
     # The package list changed since the root filesystem was made: it must be made again (here
     # mmdebstrap is "missing", so the attempt shows as its one-line refusal), not reused.
     monkeypatch.setattr(localbase.shutil, "which", lambda name: None)
+    monkeypatch.setattr(localbase, "buildkit_cli", lambda: "docker")
     monkeypatch.setattr(localbase, "locked_wheelhouse", lambda *a, **kw: None)
     with pytest.raises(localbase.LocalBaseError, match="mmdebstrap is not installed"):
         localbase.cpu_base(client_with("an-older-package-list"), M, print)
@@ -66,6 +67,7 @@ def test_prefetch_runs_on_the_root_filesystem_while_the_base_builds(monkeypatch)
     started, seen = threading.Event(), []
     label = localbase.INPUTS_LABEL
     client = FakeClient({localbase.ROOTFS_TAG: ("sha256:rootfs", {label: localbase.ROOTFS_INPUTS})})
+    monkeypatch.setattr(localbase, "buildkit_cli", lambda: "docker")
     monkeypatch.setattr(localbase, "locked_wheelhouse", lambda *a, **kw: "/wheels")
 
     def build_base(client, matrix, log, tag, nocache, base, inputs, wheels):
@@ -119,15 +121,23 @@ def test_the_locked_wheelhouse_asks_for_each_pin_once_with_its_hashes(monkeypatc
     assert wheels.locked_wheelhouse(localbase.CPU_BASE_LOCK) == dest and asked == []  # once per machine
 
 
-def test_without_a_buildkit_cli_the_base_build_is_one_line_naming_the_package(monkeypatch):
-    # The stand-in base builds with BuildKit; a docker CLI that cannot (none on PATH, or a new one
-    # without its buildx plugin) is refused before anything is built.
+def test_without_a_buildkit_cli_the_base_build_is_refused_before_anything_is_made(monkeypatch, tmp_path):
+    # The stand-in base builds with BuildKit. A docker CLI that cannot (here one whose
+    # `build --help` fails, as a new CLI without its buildx plugin does) is refused in one line,
+    # before the root filesystem or the wheelhouse is made.
     from gemma4_images import docker_build
 
-    monkeypatch.setattr(docker_build, "BUILDKIT_CLIS", ("gemma4-no-such-docker",))
+    fake = tmp_path / "docker"
+    fake.write_text("#!/bin/sh\necho 'ERROR: BuildKit is enabled but the buildx component is missing' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(docker_build, "BUILDKIT_CLIS", (str(fake),))
+    made = []
+    monkeypatch.setattr(localbase, "locked_wheelhouse", lambda *a, **kw: made.append("wheelhouse"))
+    monkeypatch.setattr(localbase, "rootfs", lambda *a, **kw: made.append("rootfs"))
     with pytest.raises(docker_build.DockerUnavailable) as refused:
-        docker_build.buildkit_cli()
+        localbase.cpu_base(FakeClient({}), M, print)
     assert str(refused.value) == (
         "no docker CLI here builds with BuildKit (DOCKER_BUILDKIT=1): install the docker.io "
         "package's (`apt-get install docker.io`: /usr/bin/docker), or the buildx plugin of yours"
     )
+    assert made == []
