@@ -5,6 +5,7 @@ files (what the Dockerfile copies, and the build's records), and each applied fi
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import json
@@ -274,10 +275,9 @@ def import_validator_meanwhile() -> None:
     Not for a build that changes nothing: beside its 2 s of cached steps it made that 5 s."""
 
     def load() -> None:
-        try:
+        # a failure stays quiet here: schema_errors imports it again and reports it there
+        with contextlib.suppress(Exception):
             importlib.import_module("cyclonedx.validation.json")
-        except Exception:  # noqa: BLE001 - schema_errors imports it again and reports the failure there
-            pass
 
     threading.Thread(target=load, daemon=True).start()
 

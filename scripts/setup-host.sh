@@ -34,14 +34,14 @@ fi
 # folder pip's configuration names on these machines.
 want=${1:-test}
 case "$want" in build|test) ;; *) echo "usage: setup-host.sh [build|test]" >&2; exit 2 ;; esac
+have=$(cat .venv/.installed 2>/dev/null || true)   # the lock the venv was last synced from
 # A test venv stays one: syncing it down to build.lock would only be undone by the next `make test`.
-[ "$want" = build ] && [ "$(cat .venv/.installed 2>/dev/null)" = test ] && want=test
-synced() { [ -f .venv/.installed ] && [ "$(cat .venv/.installed)" = "$1" ] && [ ! "requirements/$1.lock" -nt .venv/.installed ]; }
-if ! synced "$want"; then
+[ "$want" = build ] && [ "$have" = test ] && want=test
+if [ "$have" != "$want" ] || [ "requirements/$want.lock" -nt .venv/.installed ]; then
   [ -x .venv/bin/python ] || python3 -m venv --without-pip .venv
-  # uv goes in with the system's pip when it can install into the venv (pip --python, 22.3+): 7 s
-  # less than ensurepip, which took 7 of a fresh venv's 13 s. Else the venv gets its own pip first.
-  # Either way the lock then brings the venv its own pip (the wheelhouse downloads run it).
+  # uv goes in with the system's pip when it can install into the venv (pip --python, 22.3+):
+  # ensurepip took 7 s of a fresh venv's 13 s. Else the venv gets its own pip first. Either way
+  # the lock then brings the venv its own pip (the wheelhouse downloads run it).
   pip=(.venv/bin/python -m pip)
   if [ ! -x .venv/bin/pip ]; then
     if python3 -m pip --python .venv/bin/python --version >/dev/null 2>&1; then

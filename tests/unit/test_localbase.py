@@ -26,6 +26,12 @@ class FakeClient:
         self.images = types.SimpleNamespace(get=get)
 
 
+@pytest.fixture
+def any_buildkit_cli(monkeypatch):
+    """cpu_base's BuildKit probe answered without this machine's docker CLI."""
+    monkeypatch.setattr(localbase, "buildkit_cli", lambda: "docker")
+
+
 def base_inputs(rootfs_id: str) -> str:
     """What cpu_base records for a base built on that root filesystem (its inputs_for)."""
     dockerfile = (localbase.CPU_BASE_DIR / "Dockerfile").read_text()
@@ -48,17 +54,16 @@ def test_a_base_on_a_current_root_filesystem_is_up_to_date():
     assert lines == [f"{BASE} is up to date"]
 
 
-def test_a_stale_root_filesystem_is_rebuilt_even_when_the_base_matches_it(monkeypatch):
+def test_a_stale_root_filesystem_is_rebuilt_even_when_the_base_matches_it(monkeypatch, any_buildkit_cli):
     # The package list changed since the root filesystem was made: it must be made again (here
     # mmdebstrap is "missing", so the attempt shows as its one-line refusal), not reused.
     monkeypatch.setattr(localbase.shutil, "which", lambda name: None)
-    monkeypatch.setattr(localbase, "buildkit_cli", lambda: "docker")
     monkeypatch.setattr(localbase, "locked_wheelhouse", lambda *a, **kw: None)
     with pytest.raises(localbase.LocalBaseError, match="mmdebstrap is not installed"):
         localbase.cpu_base(client_with("an-older-package-list"), M, print)
 
 
-def test_prefetch_runs_on_the_root_filesystem_while_the_base_builds(monkeypatch):
+def test_prefetch_runs_on_the_root_filesystem_while_the_base_builds(monkeypatch, any_buildkit_cli):
     # The base is missing (rebuilt); the image build's downloads go ahead meanwhile: the stand-in
     # build below only finishes once prefetch has been called, so a prefetch run after the base
     # build (or never) fails here.
@@ -67,7 +72,6 @@ def test_prefetch_runs_on_the_root_filesystem_while_the_base_builds(monkeypatch)
     started, seen = threading.Event(), []
     label = localbase.INPUTS_LABEL
     client = FakeClient({localbase.ROOTFS_TAG: ("sha256:rootfs", {label: localbase.ROOTFS_INPUTS})})
-    monkeypatch.setattr(localbase, "buildkit_cli", lambda: "docker")
     monkeypatch.setattr(localbase, "locked_wheelhouse", lambda *a, **kw: "/wheels")
 
     def build_base(client, matrix, log, tag, nocache, base, inputs, wheels):
