@@ -380,9 +380,15 @@ def _location(loc: tuple) -> str:
     return ".".join(str(p) for p in loc if not str(p).startswith("function-"))
 
 
+# Lists of names, where an entry given twice is a slip (a fix, feature or alias counted once),
+# never an intent; `args` and the like may repeat a value and are not here.
+NAME_LISTS = {"opt_in", "aliases", "default_features", "audio_extras", "pass_env", "cap_add", "group_add"}
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last silently).
-    Merge keys (`<<: *anchor`) still work: keys a merge brings in may be overridden."""
+    """SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last silently),
+    and an entry given twice in one of the NAME_LISTS. Merge keys (`<<: *anchor`) still work:
+    keys a merge brings in may be overridden."""
 
     def construct_mapping(self, node, deep=False):
         if isinstance(node, yaml.MappingNode):
@@ -401,7 +407,23 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                         "first: remove or rename one"
                     )
                 seen[key] = line
+            for key_node, value_node in node.value:
+                if key_node.value in NAME_LISTS and isinstance(value_node, yaml.SequenceNode):
+                    self._distinct_items(key_node.value, value_node)
         return super().construct_mapping(node, deep=deep)
+
+    def _distinct_items(self, key: str, node) -> None:
+        first: dict = {}
+        for item in node.value:
+            if not isinstance(item, yaml.ScalarNode):
+                continue
+            where = f"line {item.start_mark.line + 1} column {item.start_mark.column + 1}"
+            if item.value in first:
+                raise MatrixError(
+                    f"{self.name}: {key} names {item.value!r} twice ({first[item.value]} and {where}); "
+                    "each entry counts once: remove one"
+                )
+            first[item.value] = where
 
 
 def load(path: Path = TARGETS_FILE) -> Matrix:

@@ -9,6 +9,7 @@ registry itself."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -86,14 +87,61 @@ def tag_for(revision: str) -> str:
 # -- the files ---------------------------------------------------------------------------------
 
 
+def link_root(folder: Path) -> Path:
+    """Where links inside folder may point: the folder itself, or, for a snapshot of the hub
+    client's cache (.../models--OWNER--NAME/snapshots/<commit>, whose files are links into
+    ../../blobs), that repository's cache folder."""
+    real = Path(os.path.realpath(folder))
+    repo = real.parent.parent
+    if real.parent.name == "snapshots" and repo.name.startswith("models--") and (repo / "blobs").is_dir():
+        return repo
+    return real
+
+
+def _followed(path: Path, shown: Path, root: Path) -> Path:
+    """The real path of the link at path, or one line naming it: a loop, a dangling link, or one
+    that leads out of root (following it would put any file of this host into the image)."""
+    try:
+        real = Path(os.path.realpath(path, strict=True))
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise ModelImageError(f"{shown} is a symlink loop; remove the link") from None
+        raise ModelImageError(
+            f"{shown} is a symlink to {os.readlink(path)}, which does not exist; remove the link or restore its target"
+        ) from None
+    if not real.is_relative_to(root):
+        raise ModelImageError(
+            f"{shown} is a symlink to {real}, outside {root}: only files inside it are packed; "
+            "copy the file in or remove the link"
+        )
+    return real
+
+
 def model_files(folder: Path) -> list[Path]:
     """Every file of the model, relative to folder, sorted; hidden entries (.git, .cache — the
-    hub client's own download records) are not the model. Symlinks are followed: the hub cache's
-    snapshot folders are links into its blob store."""
-    files = []
-    for root, dirs, names in os.walk(folder, followlinks=True):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        files += [Path(root, n).relative_to(folder) for n in names if not n.startswith(".")]
+    hub client's own download records) are not the model. Links are followed only where they stay
+    inside link_root (the hub cache's snapshot files are links into its blob store); a link out,
+    a loop, a dangling link or anything but a regular file is refused, naming it."""
+    root, files = link_root(folder), []
+
+    def walk(rel: Path, chain: tuple[Path, ...]) -> None:  # chain: the real folders down to rel
+        with os.scandir(folder / rel) as it:
+            entries = sorted((e for e in it if not e.name.startswith(".")), key=lambda e: e.name)
+        for e in entries:
+            path, shown = Path(e.path), folder / rel / e.name
+            real = _followed(path, shown, root) if e.is_symlink() else chain[-1] / e.name
+            if real.is_dir():
+                if real in chain:
+                    raise ModelImageError(
+                        f"{shown} is a symlink to {real}, a folder that holds it (a loop); remove the link"
+                    )
+                walk(rel / e.name, (*chain, real))
+            elif real.is_file():
+                files.append(rel / e.name)
+            else:
+                raise ModelImageError(f"{shown} is not a regular file (a socket, pipe or device); remove it")
+
+    walk(Path(), (Path(os.path.realpath(folder)),))
     return sorted(files, key=lambda p: p.as_posix())
 
 

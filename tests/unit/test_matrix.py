@@ -153,6 +153,35 @@ def test_a_key_given_twice_is_refused_with_both_lines(tmp_path, edit, key):
     assert text[first - 1].strip().startswith(f"{key}:") and text[second - 1].strip().startswith(f"{key}:")
 
 
+@pytest.mark.parametrize(
+    "old, new, key, name",
+    [
+        (
+            "opt_in: [gemma4-required-tool-grammar, gemma4-buffered-tool-args, gemma4-fast-prefill]",
+            "opt_in: [gemma4-required-tool-grammar, gemma4-fast-prefill, gemma4-buffered-tool-args,"
+            " gemma4-fast-prefill]",
+            "opt_in",
+            "gemma4-fast-prefill",
+        ),
+        ("aliases: [cpu]", "aliases:\n      - cpu\n      - cpu", "aliases", "cpu"),
+    ],
+    ids=["opt_in", "aliases-block"],
+)
+def test_a_name_listed_twice_is_refused_with_both_positions(tmp_path, old, new, key, name):
+    path = tmp_path / "targets.yaml"
+    text = matrix.TARGETS_FILE.read_text()
+    assert text.count(old) == 1
+    path.write_text(text.replace(old, new))
+    with pytest.raises(MatrixError) as e:
+        matrix.load(path)
+    message = str(e.value)
+    assert f"{key} names {name!r} twice (line " in message and "\n" not in message, message
+    lines = path.read_text().splitlines()
+    for position in message.split("twice (")[1].split(")")[0].split(" and "):
+        line, column = (int(n) for n in position.removeprefix("line ").split(" column "))
+        assert lines[line - 1][column - 1 :].startswith(name), position
+
+
 def test_merge_keys_still_override_what_they_bring(real):
     # h200 is `<<: *hopper` plus its own hardware; b200 replaces the merged base.
     assert real.targets["h200"].hardware == "NVIDIA H200" and real.targets["h200"].family == "cuda"

@@ -1,7 +1,9 @@
 """Model images without an engine: the revision of a local folder, the layer's layout and modes,
 names, and the pod pieces that mount the image, validated against the Kubernetes API schema."""
 
+import hashlib
 import io
+import os
 import tarfile
 
 import kubernetes_validate
@@ -43,6 +45,108 @@ def test_content_revision_follows_names_and_bytes_not_times_or_modes(tmp_path):
 def test_hidden_entries_are_not_the_model(tmp_path):
     base = folder(tmp_path, {"config.json": b"{}", ".cache/huggingface/x.lock": b"", ".gitattributes": b"*"})
     assert [p.as_posix() for p in model_image.model_files(base)] == ["config.json"]
+
+
+def refusal(folder_path) -> str:
+    """The one line check_folder refuses folder_path with (before anything is built)."""
+    with pytest.raises(model_image.ModelImageError) as e:
+        model_image.check_folder(folder_path)
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+def test_a_link_to_a_file_outside_the_folder_is_refused_naming_it(tmp_path):
+    (tmp_path / "secret").write_bytes(b"host secret")
+    base = folder(tmp_path / "model", {"config.json": b"{}"})
+    (base / "notes.txt").symlink_to("../secret")
+    line = refusal(base)
+    assert f"{base}/notes.txt is a symlink to {tmp_path}/secret, outside {base}" in line
+    assert "remove the link" in line
+
+
+def test_a_link_to_a_folder_outside_is_refused_naming_it(tmp_path):
+    folder(tmp_path / "elsewhere", {"id_rsa": b"key"})
+    base = folder(tmp_path / "model", {"config.json": b"{}", "sub/tokenizer.json": b"t"})
+    (base / "sub" / "more").symlink_to(tmp_path / "elsewhere")
+    assert refusal(base).startswith(f"{base}/sub/more is a symlink to {tmp_path}/elsewhere, outside {base}")
+
+
+def test_links_that_stay_inside_the_folder_are_followed(tmp_path):
+    base = folder(tmp_path / "model", {"config.json": b"{}", "weights/a.safetensors": b"w"})
+    (base / "model.safetensors").symlink_to("weights/a.safetensors")
+    (base / "copy").symlink_to("weights")
+    files = [p.as_posix() for p in model_image.check_folder(base)]
+    assert files == ["config.json", "copy/a.safetensors", "model.safetensors", "weights/a.safetensors"]
+
+
+@pytest.mark.parametrize(
+    "make, says",
+    [
+        (lambda d: (d / "loop").symlink_to("loop"), "loop is a symlink loop; remove the link"),
+        (lambda d: (d / "a").symlink_to("b") or (d / "b").symlink_to("a"), "a is a symlink loop; remove the link"),
+        (lambda d: (d / "sub" / "up").symlink_to(".."), "sub/up is a symlink to {d}, a folder that holds it (a loop)"),
+        (lambda d: (d / "gone").symlink_to("nowhere"), "gone is a symlink to nowhere, which does not exist"),
+        (lambda d: os.mkfifo(d / "pipe"), "pipe is not a regular file"),
+    ],
+    ids=["self", "pair", "parent", "dangling", "fifo"],
+)
+def test_loops_dangling_links_and_special_files_are_one_line_naming_the_entry(tmp_path, make, says):
+    base = folder(tmp_path / "model", {"config.json": b"{}", "sub/x": b""})
+    make(base)
+    line = refusal(base)
+    assert line.startswith(f"{base}/"), line
+    assert says.format(d=base) in line, line
+
+
+def test_links_across_two_folders_that_lead_back_are_a_loop(tmp_path):
+    base = folder(tmp_path / "model", {"config.json": b"{}", "x/1": b"", "y/2": b""})
+    (base / "x" / "to_y").symlink_to("../y")
+    (base / "y" / "to_x").symlink_to("../x")
+    assert "x/to_y/to_x is a symlink to" in refusal(base)
+
+
+def hub_cache(tmp_path):
+    """The hub client's cache layout: snapshots/<commit>/<file> are relative links to ../../blobs/<hash>."""
+    repo = tmp_path / "hub" / "models--google--tiny"
+    (repo / "blobs").mkdir(parents=True)
+    snap = repo / "snapshots" / ("c" * 40)
+    (snap / "sub").mkdir(parents=True)
+    for name, data in {"config.json": b"{}", "sub/tokenizer.json": b"t"}.items():
+        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        (snap / name).symlink_to(os.path.relpath(blob, (snap / name).parent))
+    return repo, snap
+
+
+def test_the_hub_cache_links_into_its_blobs_are_followed(tmp_path):
+    _, snap = hub_cache(tmp_path)
+    assert [p.as_posix() for p in model_image.check_folder(snap)] == ["config.json", "sub/tokenizer.json"]
+    out = io.BytesIO()
+    model_image.write_layer(out, snap, model_image.check_folder(snap), "tiny")
+    out.seek(0)
+    with tarfile.open(fileobj=out) as tar:
+        assert tar.extractfile("models/tiny/sub/tokenizer.json").read() == b"t"
+
+
+def test_a_hub_snapshot_link_out_of_its_repository_cache_is_refused(tmp_path):
+    repo, snap = hub_cache(tmp_path)
+    (tmp_path / "hub" / "other").mkdir()
+    (tmp_path / "hub" / "other" / "f").write_bytes(b"x")
+    (snap / "extra").symlink_to("../../../other/f")
+    assert refusal(snap).startswith(f"{snap}/extra is a symlink to {tmp_path}/hub/other/f, outside {repo}")
+
+
+def test_a_refused_folder_asks_nothing_of_the_engine(tmp_path):
+    (tmp_path / "secret").write_bytes(b"s")
+    base = folder(tmp_path / "model", {"config.json": b"{}"})
+    (base / "notes.txt").symlink_to("../secret")
+
+    class Engine:  # a stand-in Docker client: any use of it fails the test
+        def __getattr__(self, name):
+            raise AssertionError(f"the engine was asked for {name}")
+
+    with pytest.raises(model_image.ModelImageError, match="notes.txt is a symlink"):
+        model_image.build(Engine(), str(base), log=lambda _: None)
 
 
 def test_a_folder_without_config_is_refused_in_one_line(tmp_path):
