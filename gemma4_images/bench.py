@@ -26,7 +26,7 @@ from pathlib import Path
 
 from testkit import tiny_model, trained
 
-from . import images, localbase, matrix, upstream
+from . import images, localbase, matrix, owned, upstream
 from .image_code import gemma4_bench as harness  # the pure table helpers
 from .matrix import ROOT
 
@@ -404,7 +404,7 @@ def image_size(client, base: str, ctx: Path) -> dict:
         "['/etc/gemma4-e2b/fixes.json','/etc/gemma4-e2b/build.json'])}))"
     )
     out = client.containers.run(
-        BENCH_TAG, ["-c", script], entrypoint=["python3"], remove=True, network_mode="host"
+        BENCH_TAG, ["-c", script], entrypoint=["python3"], remove=True, network_mode="host", labels=owned.labels()
     ).decode()
     inside = json.loads(out.strip().splitlines()[-1])
     added = dict(copied)
@@ -440,7 +440,9 @@ def installed_since(client, base: str, image: str) -> dict[str, int]:
     """Python distributions the image has and its base does not, with the bytes of their files."""
 
     def dists(ref):
-        out = client.containers.run(ref, ["-c", DIST_BYTES], entrypoint=["python3"], remove=True, network_mode="host")
+        out = client.containers.run(
+            ref, ["-c", DIST_BYTES], entrypoint=["python3"], remove=True, network_mode="host", labels=owned.labels()
+        )
         return json.loads(out.decode().strip().splitlines()[-1])
 
     before, after = dists(base), dists(image)
@@ -455,6 +457,7 @@ def docker_bench_cmd(image: str, model: Path, mount_harness: bool, argv: list[st
         "docker",
         "run",
         "--rm",
+        *owned.cli_flags(),
         "--network",
         "host",
         "--shm-size",
@@ -511,7 +514,12 @@ SERVED_TINY = [
 def harness_in_image(client, image: str) -> bool:
     try:
         client.containers.run(
-            image, ["-f", "/usr/local/bin/gemma4-bench"], entrypoint=["test"], remove=True, network_mode="host"
+            image,
+            ["-f", "/usr/local/bin/gemma4-bench"],
+            entrypoint=["test"],
+            remove=True,
+            network_mode="host",
+            labels=owned.labels(),
         )
         return True
     except Exception:  # noqa: BLE001 - ContainerError: not there
@@ -578,6 +586,7 @@ def startup_commands(client, m: matrix.Matrix, image: str) -> tuple[list[str], l
         ["--print-command", *ours],
         remove=True,
         network_mode="host",
+        labels=owned.labels(),
         environment={"GEMMA4_MODEL": TINY},
     ).decode()
     launch = shlex.split(out.strip().splitlines()[-1])
@@ -614,6 +623,7 @@ def time_to_health(
         entrypoint=entrypoint,
         detach=True,
         network_mode="host",
+        labels=owned.labels(),
         shm_size="1g",
         environment={**STARTUP_ENV, "GEMMA4_MODEL": TINY},
         volumes={
@@ -686,6 +696,7 @@ def load_bench(client, log, m: matrix.Matrix, image: str | None = None, rounds: 
         [*t.smoke.args, "--host", "127.0.0.1", "--port", str(port), "--served-model-name", served],
         detach=True,
         network_mode="host",
+        labels=owned.labels(),
         shm_size="1g",
         environment={**STARTUP_ENV, "GEMMA4_MODEL": TINY},
         volumes={str(model): {"bind": TINY, "mode": "ro"}},
@@ -1011,6 +1022,7 @@ def main(
     from .docker_build import connect
 
     client = connect()
+    owned.reap(client, log)
     m = matrix.load()
     results: dict = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     timings: dict = results.setdefault("timings", {})

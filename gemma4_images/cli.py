@@ -4,6 +4,7 @@ The command line behind `python build.py` and the `gemma4-images` console script
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -11,12 +12,14 @@ import sys
 from pathlib import Path
 
 import click
+import docker
 from docker.errors import APIError
 
 from gemma4_images import (
     image_contents,
     images,
     model_image,
+    owned,
     pin,
     publish,
     render,
@@ -98,7 +101,16 @@ class Cli(click.Group):
 
     def invoke(self, ctx):
         try:
-            return super().invoke(ctx)
+            with owned.stopping():
+                return super().invoke(ctx)
+        except owned.Stopped as e:
+            # The `finally` blocks on the way here removed what they hold; this removes what was
+            # between two steps (a probe container, a server not yet handed to its `finally`).
+            removed = 0
+            with contextlib.suppress(Exception):  # no daemon: nothing of ours can be running
+                removed = owned.remove_mine(docker.from_env())
+            click.echo(f"stopped by {e}; removed {removed} more container(s) this run had started", err=True)
+            sys.exit(128 + e.signum)
         except BuildFailed as e:
             click.echo("\n".join(f"  | {line}" for line in e.tail), err=True)
             fail(f"{e}\nno image was tagged")
@@ -359,7 +371,16 @@ def run(target, image, print_only, env, vllm_args):
         return
     args = [os.path.expandvars(a) for a in running.run_args(m, target, image, env_map, list(vllm_args))]
     log(line)
-    sys.exit(subprocess.call(args))
+    child = subprocess.Popen(args)
+    try:
+        sys.exit(child.wait())
+    except owned.Stopped as e:
+        # `docker run` passes the signal on to the container (its --sig-proxy); the server stops
+        # and the engine removes it (--rm). A signal sent to this process alone would otherwise
+        # leave it serving: a Kubernetes Job or `kill` reaches only us, not our child.
+        child.send_signal(e.signum)
+        child.wait()
+        raise
 
 
 @cli.command()
@@ -379,6 +400,7 @@ def smoke(target, image, model, tiny, report):
 
     m, name = load(), target
     client = connect()
+    owned.reap(client, log)
     missing = running.device_missing(client, m.families[m.targets[name].family].present)
     if missing:
         click.echo(f"SKIPPED {name}: {missing}")

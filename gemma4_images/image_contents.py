@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from docker.errors import NotFound
 
+from . import owned
 from .docker_build import local_image
 from .matrix import ROOT, Matrix, dockerfile_name
 
@@ -99,7 +100,7 @@ def copy_destinations(dockerfile: str, target: str) -> list[str]:
 def read_paths(client, image: str, paths: list[str]) -> dict[str, bytes]:
     """Regular files at or under paths, from a container created (never started, no network) on
     image. A path the image lacks is left out."""
-    container = client.containers.create(image, network_mode="none", entrypoint=["/nonexistent"])
+    container = client.containers.create(image, network_mode="none", entrypoint=["/nonexistent"], labels=owned.labels())
     files: dict[str, bytes] = {}
     try:
         for path in paths:
@@ -118,7 +119,9 @@ def read_paths(client, image: str, paths: list[str]) -> dict[str, bytes]:
 
 
 def python_distributions(client, image: str) -> dict:
-    out = client.containers.run(image, ["-c", PROBE], entrypoint=["python3"], remove=True, network_mode="none")
+    out = client.containers.run(
+        image, ["-c", PROBE], entrypoint=["python3"], remove=True, network_mode="none", labels=owned.labels()
+    )
     return json.loads(out.decode().strip().splitlines()[-1])
 
 

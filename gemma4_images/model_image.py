@@ -21,7 +21,7 @@ from pathlib import Path
 
 from docker.errors import APIError, NotFound
 
-from . import publish
+from . import owned, publish
 from .docker_build import local_image
 from .matrix import MODELS_ROOT, model_path
 from .upstream import file_sha256
@@ -312,7 +312,11 @@ def docker_volume(client, ref: str, volume: str) -> str:
     client.volumes.create(volume)
     try:
         holder = client.containers.create(
-            ref, command=["none"], volumes={volume: {"bind": MODELS_ROOT, "mode": "ro"}}, network_disabled=True
+            ref,
+            command=["none"],
+            volumes={volume: {"bind": MODELS_ROOT, "mode": "ro"}},
+            network_disabled=True,
+            labels=owned.labels(),
         )
         holder.remove()
     except (APIError, NotFound) as e:

@@ -8,6 +8,7 @@ import os
 import re
 import shlex
 
+from . import owned
 from .matrix import Matrix, Present, Run
 
 HF_CACHE = "/root/.cache/huggingface"
@@ -113,7 +114,9 @@ def python_of(client, image: str) -> dict:
         "import json, platform, sys; print(json.dumps({'python': '%d.%d' % sys.version_info[:2], "
         "'machine': platform.machine(), 'glibc': platform.libc_ver()[1]}))"
     )
-    out = client.containers.run(image, ["-c", script], entrypoint=["python3"], remove=True, network_mode="host")
+    out = client.containers.run(
+        image, ["-c", script], entrypoint=["python3"], remove=True, network_mode="host", labels=owned.labels()
+    )
     return json.loads(out.decode().strip().splitlines()[-1])
 
 

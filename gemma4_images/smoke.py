@@ -19,13 +19,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 # testcontainers reads these at import: Ryuk (its reaper) cannot be pulled here, and with host
-# networking its host lookup must be loopback. Containers are removed by our own `finally`.
+# networking its host lookup must be loopback. Containers are removed by our own `finally`, and
+# their owner label lets the next run remove any a SIGKILL left (owned.py).
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
 os.environ.setdefault("TC_HOST", "127.0.0.1")
 
 from testcontainers.core.container import DockerContainer  # noqa: E402
 
-from . import running, upstream  # noqa: E402
+from . import owned, running, upstream  # noqa: E402
 from .facts import BUILD_FACTS  # noqa: E402
 from .image_code import gemma4_serve  # noqa: E402
 from .image_contents import RECORDS, read_paths  # noqa: E402
@@ -43,7 +44,11 @@ TOOL = {
 
 
 class LoopbackContainer(DockerContainer):
-    """A container on the host network: its server is at 127.0.0.1 on the port it binds."""
+    """A container on the host network: its server is at 127.0.0.1 on the port it binds, labelled
+    with its owner (owned.py) so that a run stopped before its `finally` leaves no stray for long."""
+
+    def __init__(self, image: str, labels: dict[str, str] | None = None, **kw):
+        super().__init__(image, labels={**(labels or {}), **owned.labels()}, **kw)
 
     def get_container_host_ip(self) -> str:
         return "127.0.0.1"
@@ -651,8 +656,13 @@ def run_smoke(
         plan = planned_checks(matrix, target, launch, bool(script))
         done = {name: Check(name, "skip", skip) for name, skip in plan if skip}
         together = [name for name, skip in plan if not skip and name not in ALONE]
-        with ThreadPoolExecutor(CONCURRENT_CHECKS) as pool:
+        pool = ThreadPoolExecutor(CONCURRENT_CHECKS)
+        try:
             done.update(zip(together, pool.map(run, together)))
+        finally:
+            # Stopped by a signal: do not wait for the checks in flight (up to a request timeout
+            # each); the container goes next and they end with it.
+            pool.shutdown(wait=False, cancel_futures=True)
         done.update((name, run(name)) for name, skip in plan if not skip and name in ALONE)
         for name, _ in plan:
             report.checks.append(done[name])

@@ -127,6 +127,7 @@ def image() -> str:
 @functools.lru_cache(maxsize=None)
 def observations() -> dict:
     """Run the container once (per process) and return everything it recorded."""
+    from gemma4_images import owned
     from gemma4_images.docker_build import connect
 
     work = Path(tempfile.mkdtemp(prefix="gemma4-fixes-test-"))
@@ -153,6 +154,7 @@ def observations() -> dict:
             volumes=volumes,
             network_mode="host",
             remove=True,
+            labels=owned.labels(),
             environment={"VLLM_LOGGING_LEVEL": "WARNING", "HF_HUB_OFFLINE": "1"},
         )
         result = json.loads((out / "drive.json").read_text())

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from docker.errors import ImageNotFound
 
-from gemma4_images import images, localbase, matrix
+from gemma4_images import images, localbase, matrix, owned
 from gemma4_images.docker_build import BuildSpec, build, connect
 from testkit import tiny_model
 
@@ -35,6 +35,7 @@ def log(line):
 @pytest.fixture(scope="session")
 def client():
     client = connect()
+    owned.reap(client, log)  # what a killed earlier session left running
     yield client
     # Rebuilding a fixed tag, or a build that fails on purpose, leaves images dangling: remove
     # ours, nobody else's (everything built on our local bases inherits base-inputs).

@@ -7,7 +7,7 @@ CUDA runtime fails and tags nothing."""
 import pytest
 from docker.errors import ImageNotFound
 
-from gemma4_images import images, matrix
+from gemma4_images import images, matrix, owned
 from gemma4_images.docker_build import BuildFailed
 from testkit import tiny_model
 
@@ -56,6 +56,7 @@ def self_check(client, image, shell: str, recipe: str | None = None) -> tuple[in
         user="0",
         detach=True,
         network_mode="host",
+        labels=owned.labels(),
         **kw,
     )
     try:

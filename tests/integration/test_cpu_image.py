@@ -6,7 +6,7 @@ import shlex
 
 import pytest
 
-from gemma4_images import localbase
+from gemma4_images import localbase, owned
 
 pytestmark = pytest.mark.integration
 
@@ -95,7 +95,7 @@ def test_a_server_start_finds_vllms_model_info_in_its_cache(client, cpu_image, t
     if not seeded:
         kw["tmpfs"] = {"/opt/gemma4-e2b/vllm-cache": ""}
     container = client.containers.run(
-        cpu_image, [], user="2000", network_mode="host", detach=True,
+        cpu_image, [], user="2000", network_mode="host", detach=True, labels=owned.labels(),
         environment={"PATH": "/opt/probe:/opt/venv/bin:/usr/local/bin:/usr/bin:/bin"}, **kw,
     )  # fmt: skip
     try:

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from gemma4_images import owned
+
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
@@ -89,6 +91,7 @@ def test_every_gaudi_fix_reproduction_runs_and_passes(client, test_image, tmp_pa
         entrypoint="/opt/venv/bin/python",
         network_mode="host",
         detach=True,
+        labels=owned.labels(),
         command=[
             "-m",
             "pytest",

@@ -1,8 +1,11 @@
 """build.py as users call it: clear errors, the right `docker run` per family, drift detection."""
 
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -96,6 +99,33 @@ def test_run_print_has_the_family_device_flags(target, flags):
     assert "-v $HOME/.cache/huggingface:/root/.cache/huggingface" in r.stdout
     m = matrix.load()
     assert r.stdout.strip().endswith(f"{m.tag(m.resolve(target))} --max-model-len 4096")
+
+
+# A STAND-IN for the docker CLI, which passes the signals it gets to its container (--sig-proxy):
+# it says it started, then records the one signal it gets. What is under test is build.py's part.
+DOCKER_STANDIN = """#!/bin/sh
+for s in TERM HUP INT; do trap "echo $s > '{got}'; exit 0" $s; done
+echo up > '{up}'
+while :; do sleep 0.1; done
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_run_passes_a_stop_signal_on_to_docker_run(tmp_path, signum):
+    # A Kubernetes Job or a `kill` signals this process alone, not its `docker run` child: without
+    # the hand-on, the server would keep serving after `build.py run` is gone.
+    got, up = tmp_path / "got", tmp_path / "up"
+    (tmp_path / "docker").write_text(DOCKER_STANDIN.format(got=got, up=up))
+    (tmp_path / "docker").chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    proc = subprocess.Popen([sys.executable, "build.py", "run", "cpu"], cwd=ROOT, env=env, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while not up.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signum)
+    assert proc.wait(timeout=30) == 128 + signum
+    assert got.read_text().strip() == signal.Signals(signum).name.removeprefix("SIG")
+    assert f"stopped by {signal.Signals(signum).name}" in proc.stderr.read().decode()
 
 
 def test_build_dry_run_names_dockerfile_args_and_tag():

@@ -1,0 +1,118 @@
+"""Containers this tool starts, and who owns them.
+
+Each one carries LABEL naming the process that started it (host, boot, pid and the pid's start
+time, so a reused pid is not taken for its owner). A run stopped by SIGINT, SIGTERM or SIGHUP
+removes its own (`stopping`); after SIGKILL, a crash or a power cut nothing in the process can,
+so the next `smoke` or `bench` (and every test session) removes those whose owner is gone
+(`reap`): what testcontainers' Ryuk does, without an image to pull. A container owned by another
+host, or by a live process here, is never touched."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+
+LABEL = "io.gemma4-images.owner"
+
+# The signals that stop a run and should clean up: Ctrl-C, what `timeout`, a cancelled CI job and
+# a Kubernetes Job send, and a closed terminal.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _boot_id() -> str:
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        return f.read().strip()
+
+
+def _start_ticks(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (proc(5): /proc/PID/stat field 22), or
+    None when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # The command name (field 2) is in parentheses and may hold spaces or ')': split after the last.
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def owner(pid: int | None = None) -> str:
+    pid = os.getpid() if pid is None else pid
+    return f"{socket.gethostname()}/{_boot_id()}/{pid}/{_start_ticks(pid)}"
+
+
+def labels() -> dict[str, str]:
+    """For every container this process creates (docker-py or testcontainers `labels=`)."""
+    return {LABEL: owner()}
+
+
+def cli_flags() -> list[str]:
+    """The same label for a `docker run` command line."""
+    return ["--label", f"{LABEL}={owner()}"]
+
+
+def gone(value: str) -> bool:
+    """The owner a label names has stopped: this host, and another boot, or its pid is not the
+    process that started it. A label this code cannot read, or another host's, is not ours to judge."""
+    parts = value.split("/")
+    if len(parts) != 4 or not parts[2].isdigit():
+        return False
+    host, boot, pid, start = parts
+    if host != socket.gethostname():
+        return False
+    return boot != _boot_id() or _start_ticks(int(pid)) != start
+
+
+def _remove(client, filters: dict, keep) -> list[str]:
+    from docker.errors import NotFound
+
+    removed = []
+    for container in client.containers.list(all=True, filters=filters):
+        if keep(container):
+            continue
+        with contextlib.suppress(NotFound):  # removed meanwhile (its own `--rm`, or a parallel reap)
+            container.remove(force=True)
+            removed.append(container.name)
+    return removed
+
+
+def reap(client, log) -> int:
+    """Remove containers whose owner is gone, one line each; the number removed."""
+    removed = _remove(client, {"label": LABEL}, lambda c: not gone(c.labels.get(LABEL, "")))
+    for name in removed:
+        log(f"removed container {name}: the run that started it is gone (killed, or its machine restarted)")
+    return len(removed)
+
+
+def remove_mine(client) -> int:
+    return len(_remove(client, {"label": f"{LABEL}={owner()}"}, lambda c: False))
+
+
+class Stopped(BaseException):
+    """A stop signal, raised in the main thread so every `finally` runs. A BaseException, as
+    KeyboardInterrupt is: no `except Exception` on the way may swallow it."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise(signum, frame):
+    # The first signal starts the clean-up; a second one (an impatient `kill`, a CI runner's
+    # repeat) must not cut it short. SIGKILL still can: that is what `reap` is for.
+    for s in STOP_SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
+    raise Stopped(signum)
+
+
+@contextlib.contextmanager
+def stopping():
+    """Turn the stop signals into Stopped for the body; the previous handlers come back after."""
+    previous = {s: signal.signal(s, _raise) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
