@@ -7,9 +7,12 @@ SchedulerOutput, Sampler and logits processors.
 STAND-INS, each because the real one needs a Gaudi, and none of them decides anything
 the fixes change:
 - the model (`_prepare_inputs`, `_execute_model_generic`): each prompt is its own prefill
-  batch (the recipe's prompt batch cap 1) and has logits only when the step completes
-  it; the decodes are one batch padded to a power of two by repeating the first decode
-  (what a decode bucket does); each row's logits are `logits_of(req_id)` from the test;
+  batch (the recipe's prompt batch cap 1: `_can_merge_prefill_contents` is False, no data
+  parallel padding), whose logits rows are the ones the runner's real
+  `_extract_prefill_batch_contents` asks for (a chunk that does not finish its prompt gets
+  one under async scheduling or structured output, else none); the decodes are one batch
+  padded to a power of two by repeating the first decode (what a decode bucket does); each
+  row's logits are `logits_of(req_id)` from the test;
 - `htorch.core.mark_step` is a no-op, the profiler is off, and KV transfer, LoRA and
   multimodal inputs are absent;
 - `vllm_gaudi.utils` is the checkout's own async_h2d_* on CPU (gaudi_fixes_helpers);
@@ -17,7 +20,8 @@ the fixes change:
   picks on a platform that is neither CUDA, CPU, XPU nor ROCm, i.e. on HPU
   (vllm/v1/sample/ops/topk_topp_sampler.py, TopKTopPSampler.__init__); on this CPU it
   would pick forward_cpu. A recorder keeps each call's SamplingMetadata and logits.
-- torch.tensor(pin_memory=True) drops pin_memory (no accelerator here).
+- torch.tensor(pin_memory=True) drops pin_memory (no accelerator here), and torch.hpu's
+  streams and events (the async output copy) do nothing: the tensors are on the CPU already.
 """
 
 import contextlib
@@ -38,6 +42,9 @@ RUNNER_METHODS = [
     "_update_states",
     "sample_tokens",
     "_ensure_decodes_first",
+    "_extract_prefill_batch_contents",
+    "_get_attention_group_id_for_hybrid",
+    "_resolve_block",
     "_is_prompt",
     "is_decoder_only",
     "_get_prompts_and_decodes",
@@ -61,6 +68,8 @@ RUNNER_FUNCTIONS = [
     "ensure_multi_token_decodes_last",
     "structured_output_row_owners",
     "grammar_bitmask_rows",
+    "round_up",
+    "AsyncHPUModelRunnerOutput",
 ]
 
 
@@ -76,7 +85,22 @@ def cpu_torch():
         def tensor(*args, pin_memory=False, **kwargs):
             return torch.tensor(*args, **kwargs)
 
-    return CpuTorch("torch")
+    class Event:
+        def record(self):
+            pass
+
+        def synchronize(self):
+            pass
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    cpu = CpuTorch("torch")
+    cpu.hpu = types.SimpleNamespace(
+        Event=Event, Stream=Stream, current_stream=Stream, stream=lambda s: contextlib.nullcontext()
+    )
+    return cpu
 
 
 def processors(max_num_seqs=4):
@@ -130,6 +154,9 @@ class Runner:
         self.requests, self.encoder_cache, self._compact_gdn_group_ids = {}, {}, []
         self.uses_mrope, self.is_pooling_model, self.device = False, False, "cpu"
         self.use_async_scheduling = async_scheduling
+        self.use_structured_output = False  # sample_tokens sets it each step, after _prepare_inputs
+        self.async_output_copy_stream = self._ns["torch"].hpu.Stream()
+        self.attn_block_size, self.num_mamba_like_layers = 16, 0  # h.make_batch's block size; no mamba
         self.speculative_config = object() if speculative else None
         self.vllm_config = types.SimpleNamespace(speculative_config=self.speculative_config)
         self.kv_caches, self.max_model_len = [], 64
@@ -167,11 +194,17 @@ class Runner:
     def _configure_lora(self, *args, **kwargs):
         return None, None
 
+    def _can_merge_prefill_contents(self, lhs, rhs):
+        return False
+
+    def get_dp_padding(self, num_batches):
+        return 0
+
     def _prepare_inputs(self, scheduler_output, num_prefills, num_decodes, warmup_mode):
         import torch
 
         ns = self._ns
-        batch, ids = self.input_batch, self.input_batch.req_ids
+        ids = self.input_batch.req_ids
         decode = None
         if num_decodes:
             rows = ids[:num_decodes]
@@ -185,11 +218,14 @@ class Runner:
                 logits_indices=torch.arange(bucket),
             )
         prefill = ns["PrefillInputData"]()
-        for req_id in ids[num_decodes : num_decodes + num_prefills]:
-            index = batch.req_id_to_index[req_id]
+        scheduled_tokens = [scheduler_output.num_scheduled_tokens[r] for r in ids]
+        contents, _ = self._extract_prefill_batch_contents(num_prefills, num_decodes, scheduled_tokens, warmup_mode)
+        for content in contents:
+            if not content.req_ids:
+                continue
+            (req_id,), (positions,) = content.req_ids, content.logits_positions
             scheduled = scheduler_output.num_scheduled_tokens[req_id]
-            done = int(batch.num_computed_tokens_cpu[index]) + scheduled >= int(batch.num_prompt_tokens[index])
-            logits_requests = [req_id] if done else []
+            logits_requests = [req_id] * len(positions)
             prefill.request_ids.append([req_id])
             prefill.prompt_lens.append([scheduled])
             prefill.token_ids.append(torch.zeros(1, scheduled, dtype=torch.long))
@@ -284,11 +320,26 @@ class Engine:
     """A scheduler stand-in that writes vLLM's real SchedulerOutput for each step and runs
     the runner's execute_model, then sample_tokens unless execute_model returned."""
 
-    def __init__(self, src, fixes, logits_of, vocab_size=32, max_num_reqs=4, async_scheduling=False, speculative=False):
+    def __init__(
+        self,
+        src,
+        fixes,
+        logits_of,
+        vocab_size=32,
+        max_num_reqs=4,
+        async_scheduling=False,
+        speculative=False,
+        logitsprocs=None,
+    ):
+        """logitsprocs: the batch's processors (default: processors(max_num_reqs), as the runner's
+        own batch has them)."""
         self.batch_module = h.load_input_batch(src, fixes)
         self.patches = load_patches_module(src, fixes)
         batch = h.make_batch(
-            self.batch_module, max_num_reqs=max_num_reqs, vocab_size=vocab_size, logitsprocs=processors(max_num_reqs)
+            self.batch_module,
+            max_num_reqs=max_num_reqs,
+            vocab_size=vocab_size,
+            logitsprocs=logitsprocs or processors(max_num_reqs),
         )
         cls = runner_class(src, fixes, self.batch_module, self.patches)
         self.runner = cls(batch, logits_of, vocab_size, async_scheduling, speculative)
@@ -344,6 +395,8 @@ class Engine:
             out = self.runner.execute_model(sched, warmup_mode=warmup)
             if out is None:
                 out = self.runner.sample_tokens(grammar)
+            if hasattr(out, "get_output"):  # async scheduling: the copy to the host, discarded rows cleared
+                out = out.get_output()
         for req_id, tokens in schedule.items():
             self.computed[req_id] += tokens
         sampled = {}

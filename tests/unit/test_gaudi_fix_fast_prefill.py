@@ -22,7 +22,7 @@ sliding layers), a toy two-stage model with Gemma 4's KV-sharing shape, or vLLM 
 Gemma 4 decoder layers (the tiny random config) with HPU RoPE's per-forward cos/sin cache
 emulated; get_config() (a namespace with the flags these paths read); set_forward_context
 (it installs the metadata, as vLLM's does) and set_hpu_dp_metadata (no data parallelism).
-Not run: the HPU kernels themselves, HPU graphs, warm-up itself, merged prefill.
+Not run: the HPU kernels themselves, HPU graphs, warm-up itself. Merged prefill: only that it turns fast prefill off.
 """
 
 import contextlib
@@ -188,6 +188,7 @@ def _runner(src, fixes, contiguous_pa, num_blocks=NUM_BLOCKS, block_bucket=lambd
     import typing
 
     import torch
+    from vllm.logger import init_logger
     from vllm.v1.attention.backend import AttentionMetadata
 
     base = {
@@ -203,7 +204,7 @@ def _runner(src, fixes, contiguous_pa, num_blocks=NUM_BLOCKS, block_bucket=lambd
         "AttentionMetadata": AttentionMetadata,
         "async_h2d_copy": h._cpu_utils_stub(src).async_h2d_copy,
         "is_fake_hpu": lambda: True,
-        "logger": logging.getLogger(LOGGER),
+        "logger": init_logger(LOGGER),  # vLLM's logger, as vllm_gaudi's is on HPU: it has warning_once
     }
     base.update(h.defs_from_file(src, "vllm_gaudi/extension/utils.py", (), ["pad_list", "align_and_pad"], base))
     base.update(
@@ -239,6 +240,8 @@ def _runner(src, fixes, contiguous_pa, num_blocks=NUM_BLOCKS, block_bucket=lambd
             "_attach_fast_prefill",
             "get_habana_paged_attn_buffers",
             "_bucketize_2d_prompt",
+            "_bucketize_merged_prompt",
+            "_make_attn_bias",
             "_get_prompt_bucketing_fn",
         ],
         ns,
@@ -290,6 +293,7 @@ def _runner(src, fixes, contiguous_pa, num_blocks=NUM_BLOCKS, block_bucket=lambd
         _PAD_SLOT_ID=num_blocks * BLOCK,
         _PAD_BLOCK_ID=num_blocks,
         model_config=types.SimpleNamespace(dtype=torch.float64),
+        dtype=torch.float64,
         cache_config=types.SimpleNamespace(kv_sharing_fast_prefill=True),
         shared_kv_cache_layers={"cross.0": "self.0"},
         kv_caches=[object()],
@@ -654,6 +658,50 @@ def test_plan_shapes_do_not_depend_on_where_the_blocks_are(src, caplog):
     many = _plan_shapes(src, h.gaudi_fixes(), [[1, 2, 3], [4000, 4001], [77]], [12, 5, 2])
     assert many == _plan_shapes(src, h.gaudi_fixes(), [[0, 0, 0], [0, 0], [0]], [12, 5, 2])
     assert many["block_list"] == (12,) and many["fast_prefill_gather"] == (3,)
+
+
+# ------------------------------------------------------------------ merged prefill
+@contextlib.contextmanager
+def _hpu_is_the_cpu():
+    """STAND-IN: no HPU here. The merged path sends its attention bias `.to('hpu')`; it stays on
+    the CPU."""
+    import torch
+
+    to = torch.Tensor.to
+
+    def on_cpu(self, *args, **kwargs):
+        return to(self, *("cpu" if a == "hpu" else a for a in args), **kwargs)
+
+    torch.Tensor.to = on_cpu
+    try:
+        yield
+    finally:
+        torch.Tensor.to = to
+
+
+def _merged_prompt_batch(fixes, lens):
+    """The runner's real _form_prefill_batch under VLLM_MERGED_PREFILL: the prompts become one
+    sequence, bucket (1, sum of their tokens)."""
+    ns, runner, _, _ = _runner(h.gaudi_src_or_skip(), fixes, True)
+    runner.use_merged_prefill = True
+    with _hpu_is_the_cpu():
+        return runner._form_prefill_batch(_prompt_batch(ns, lens))
+
+
+def test_merged_prefill_turns_fast_prefill_off_with_one_warning(src, caplog):
+    """Left on, fast prefill crashed the engine core at the first merged batch of two prompts
+    (`AssertionError: fast prefill: 5 blocks, the plan holds 4`: each prompt needs its own blocks,
+    more than the plan's one-row bucket for the merged sequence holds)."""
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    for lens in ([9, 2, 3], [5, 5]):
+        batch = _merged_prompt_batch(h.gaudi_fixes(), lens)
+        meta = batch.attn_metadata[0]
+        assert meta.fast_prefill_metadata is None and batch.token_ids[0].shape[0] == 1, "one merged sequence, no plan"
+    warned = [r.getMessage() for r in caplog.records if "kv-sharing-fast-prefill" in r.getMessage()]
+    assert warned == [
+        "--kv-sharing-fast-prefill is off: VLLM_MERGED_PREFILL merges the prompts of a batch into one sequence, "
+        "which the fast prefill plan does not cover; every layer runs on every prompt token"
+    ]
 
 
 # ------------------------------------------------------------------ vLLM's real Gemma 4 layers

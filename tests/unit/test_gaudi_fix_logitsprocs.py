@@ -76,6 +76,67 @@ def test_fixed_logit_bias_after_warm_up(src):
     assert eng.step(new={"B": ([5], _greedy(logit_bias={9: 100.0}), 1)}) == {"B": [9]}
 
 
+# ------------------------------------------------------------------ the warm-up batch
+RUNNER = "vllm_gaudi/v1/worker/hpu_model_runner.py"
+
+
+def _warm_up_batch_step(fixes, logitsprocs):
+    """warmup_model's batch when decode_buckets[-1][0] (8) exceeds --max-num-seqs (4): 8 rows,
+    each given a request with min_p as warm-up's dummy requests fill it, then one step. Token 3
+    leads by 3 nats: min_p 0.5 leaves it alone (unfiltered, each row would draw it 39% of the time)."""
+    logits = gr.logits_table({}, VOCAB, default={3: 3.0})
+    eng = gr.Engine(h.gaudi_src_or_skip(), fixes, logits, max_num_reqs=8, logitsprocs=logitsprocs)
+    from vllm.sampling_params import SamplingParams
+
+    new = {f"R{i}": ([1, 2], SamplingParams(temperature=1.0, min_p=0.5), 2) for i in range(8)}
+    return eng.step(new=new, warmup=True)
+
+
+def test_upstream_warm_up_batch_above_max_num_seqs_overruns_min_p(src):
+    """Upstream sizes the warm-up batch's processors by max_num_seqs; with the batch changes
+    reaching them, the fifth add indexes past MinP's arrays."""
+    import pytest
+
+    with pytest.raises(IndexError, match="index 4 is out of bounds"):
+        _warm_up_batch_step(h.gaudi_fixes(), gr.processors(max_num_seqs=4))
+
+
+def _real_config(max_num_seqs):
+    import types
+
+    from vllm.config import SchedulerConfig, VllmConfig
+
+    config = VllmConfig(
+        scheduler_config=SchedulerConfig(max_num_seqs=max_num_seqs, max_model_len=64, is_encoder_decoder=False)
+    )
+    config.model_config = types.SimpleNamespace(logits_processors=None)  # no model here; no custom processors
+    return config
+
+
+def test_fixed_warm_up_batch_processors_have_its_rows(src):
+    """logitsprocs_for_rows, which warmup_model's batch now takes its processors from, with
+    vLLM's real build_logitsprocs and a real VllmConfig: processors for 8 rows, the config
+    untouched, and every row of the warm-up step sampled with its min_p."""
+    import copy
+
+    import torch
+    from vllm.v1.sample.logits_processor import build_logitsprocs
+
+    (for_rows,) = h.defs(
+        src,
+        RUNNER,
+        h.gaudi_fixes(),
+        ["logitsprocs_for_rows"],
+        {"copy": copy, "torch": torch, "build_logitsprocs": build_logitsprocs, "VllmConfig": object},
+    )
+    config = _real_config(4)
+    procs = for_rows(config, 8, torch.device("cpu"), False, False)
+    assert config.scheduler_config.max_num_seqs == 4, "the engine's own config is not changed"
+    assert _warm_up_batch_step(h.gaudi_fixes(), procs) == {f"R{i}": [3] for i in range(8)}
+    same = for_rows(config, 4, torch.device("cpu"), False, False)  # the runner's own batch: as before
+    assert [type(p).__name__ for p in same.all] == [type(p).__name__ for p in procs.all]
+
+
 def test_fixed_min_tokens_through_the_runner(src):
     """min_tokens 2 with stop token 7, which the logits favour: the first two tokens are the
     runner-up; the runner grows output_token_ids itself (sync scheduling)."""

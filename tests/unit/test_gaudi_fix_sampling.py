@@ -204,6 +204,49 @@ def test_inverse_cdf_sample_follows_the_probabilities(patches):
     assert shares == pytest.approx(probs[0].tolist(), abs=1 / n)
 
 
+def _exact_chances(patches, probs, tokens):
+    """Each token's exact chance under inverse_cdf_sample: the uniforms are the 2**24 multiples of
+    2**-24 and the token drawn never falls as the uniform grows, so the uniforms that draw token t
+    run from the first that draws t or more to the first that draws past t. Both ends are found by
+    bisection, all tokens at once, with the real function."""
+    import torch
+
+    bounds = sorted({b for t in tokens for b in (t, t + 1)})
+    lo = torch.ones(len(bounds), dtype=torch.int64)
+    hi = torch.full((len(bounds),), (1 << 24) + 1, dtype=torch.int64)  # first k drawing >= bound
+    want = torch.tensor(bounds)
+    while (lo < hi).any():
+        mid = (lo + hi) // 2
+        drawn = patches.inverse_cdf_sample(probs.expand(len(bounds), -1), mid.clamp(max=1 << 24).float() / (1 << 24))
+        reached = (drawn >= want) | (mid > 1 << 24)
+        hi, lo = torch.where(reached, mid, hi), torch.where(reached, lo, mid + 1)
+    first = dict(zip(bounds, lo.tolist()))
+    return {t: (first[t + 1] - first[t]) / (1 << 24) for t in tokens}
+
+
+def test_inverse_cdf_sample_chances_are_what_its_docstring_says(patches):
+    """At Gemma 4's 262144 tokens, with weights that each lose almost a whole 2**-30 unit to the
+    integer truncation, a token's exact chance is its probability scaled by up to
+    1 / (1 - vocab x 2**-30) (1 + 2**-12 here), give or take 2**-23: relative, not 2**-23
+    absolute (the big token is off by far more than that); a token under 2**-30 is never drawn."""
+    import torch
+
+    vocab = 262144
+    probs = torch.full((1, vocab), 2047.99 / (1 << 30))
+    probs[0, 1] = 2**-31  # under one weight unit
+    probs[0, 0] = 1 - probs[0, 1:].double().sum().item()  # the big token, about one half
+    total = probs.mul(float(1 << 30)).to(torch.int32).to(torch.int64).sum().item()
+    assert 1 - total / (1 << 30) > 0.98 * vocab * 2**-30, "the weights truly fall short"
+    tokens = [0, 1, 2, 3, vocab // 2, vocab - 2, vocab - 1]
+    chances = _exact_chances(patches, probs, tokens)
+    scale = 1 / (1 - vocab * 2**-30)
+    for t in tokens:
+        p = probs[0, t].item()
+        assert p - 2**-23 <= chances[t] <= p * scale + 2**-23, (t, p, chances[t])
+    assert chances[1] == 0.0
+    assert abs(chances[0] - probs[0, 0].item()) > 2**-14, "the error is relative: far above 2**-23"
+
+
 def _seeded(patches, seed):
     return patches.SeededDraws(seed)
 
@@ -313,6 +356,46 @@ def test_fixed_seeded_tokens_are_the_seeds_own(src, patches):
     assert alone == [
         patches.inverse_cdf_sample(flat, torch.tensor([patches.seeded_uniform(1234, k)])).item() for k in range(4)
     ]
+
+
+def _chunked_seeded_tokens(fixes, chunks, count=5):
+    """S (seed 1234, temperature 1, flat logits), its 6-token prompt prefilled in `chunks` (the
+    tokens each step schedules) under async scheduling, vLLM 0.30.0's default on HPU without
+    speculative decoding; then decoded. Its first `count` tokens, and the rows each chunk's
+    sampler call saw."""
+    from vllm.sampling_params import SamplingParams
+
+    eng = gr.Engine(h.gaudi_src_or_skip(), fixes, gr.logits_table({}, VOCAB), async_scheduling=True)
+    first, *rest = chunks
+    tokens = eng.step(new={"S": (list(range(1, 7)), SamplingParams(temperature=1.0, seed=1234), first)}).get("S", [])
+    rows = [len(eng.runner.sampler_calls[0][0])]
+    for n in rest:
+        tokens += eng.step({"S": n}).get("S", [])
+        rows.append(len(eng.runner.sampler_calls[0][0]))
+    while len(tokens) < count:
+        tokens += eng.decode_all()["S"]
+    return tokens, rows
+
+
+def _seeds_own(patches, count):
+    import torch
+
+    flat = torch.full((1, VOCAB), 1 / VOCAB)
+    return [
+        patches.inverse_cdf_sample(flat, torch.tensor([patches.seeded_uniform(1234, k)])).item() for k in range(count)
+    ]
+
+
+def test_fixed_seeded_tokens_do_not_depend_on_the_prompt_chunks(src, patches):
+    """The partial first chunk gets a logits row (the runner's real _extract_prefill_batch_contents:
+    "Discard partial prefill logit for async scheduling"), sampled and thrown away. Its draw must be
+    given back, as vLLM's GPU runner rewinds its generator: how a prompt is chunked depends on the
+    token budget it shares with other requests, so otherwise a seed answers differently under load."""
+    one, rows_one = _chunked_seeded_tokens(h.gaudi_fixes(), [6])
+    two, rows_two = _chunked_seeded_tokens(h.gaudi_fixes(), [4, 2])
+    three, _ = _chunked_seeded_tokens(h.gaudi_fixes(), [2, 2, 2])
+    assert rows_one == [1] and rows_two == [1, 1], "each chunk's row is sampled, the partial one too"
+    assert one == two == three == _seeds_own(patches, 5)
 
 
 def test_fixed_speculative_decoding_keeps_a_device_generator(src):
