@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -53,6 +54,9 @@ EXPECTED = (
     image_contents.ImageError,
     model_image.ModelImageError,
 )
+
+
+RUN_STOP_BUDGET_S = 60  # for `build.py run`'s server to stop after a signal: vLLM's graceful shutdown
 
 
 def fail(message: str, code: int = 1):
@@ -102,15 +106,17 @@ class Cli(click.Group):
     def invoke(self, ctx):
         try:
             with owned.stopping():
-                return super().invoke(ctx)
-        except owned.Stopped as e:
-            # The `finally` blocks on the way here removed what they hold; this removes what was
-            # between two steps (a probe container, a server not yet handed to its `finally`).
-            removed = 0
-            with contextlib.suppress(Exception):  # no daemon: nothing of ours can be running
-                removed = owned.remove_mine(docker.from_env())
-            click.echo(f"stopped by {e}; removed {removed} more container(s) this run had started", err=True)
-            sys.exit(128 + e.signum)
+                try:
+                    return super().invoke(ctx)
+                except owned.Stopped as e:
+                    # Still inside stopping(): a second signal stays ignored during this clean-up.
+                    # The `finally` blocks on the way here removed what they hold; this removes what
+                    # was between two steps (a probe container, a server not yet in its `finally`).
+                    removed = 0
+                    with contextlib.suppress(Exception):  # no daemon: nothing of ours can be running
+                        removed = owned.remove_mine(docker.from_env())
+                    click.echo(f"stopped by {e}; removed {removed} more container(s) this run had started", err=True)
+                    sys.exit(128 + e.signum)
         except BuildFailed as e:
             click.echo("\n".join(f"  | {line}" for line in e.tail), err=True)
             fail(f"{e}\nno image was tagged")
@@ -371,15 +377,27 @@ def run(target, image, print_only, env, vllm_args):
         return
     args = [os.path.expandvars(a) for a in running.run_args(m, target, image, env_map, list(vllm_args))]
     log(line)
-    child = subprocess.Popen(args)
+    child = None
     try:
+        child = subprocess.Popen(args)
         sys.exit(child.wait())
     except owned.Stopped as e:
         # `docker run` passes the signal on to the container (its --sig-proxy); the server stops
         # and the engine removes it (--rm). A signal sent to this process alone would otherwise
-        # leave it serving: a Kubernetes Job or `kill` reaches only us, not our child.
-        child.send_signal(e.signum)
-        child.wait()
+        # leave it serving: a Kubernetes Job or `kill` reaches only us, not our child. Ctrl-C at a
+        # terminal reached the child already (one process group): a second SIGINT would make the
+        # server skip its graceful shutdown.
+        if child is not None:
+            if not (e.signum == signal.SIGINT and sys.stdin.isatty()):
+                child.send_signal(e.signum)
+            try:
+                child.wait(timeout=RUN_STOP_BUDGET_S)
+            except subprocess.TimeoutExpired:
+                log(
+                    f"docker run did not stop within {RUN_STOP_BUDGET_S} s of {e}; killing it "
+                    "(its container may remain: see docker ps)"
+                )
+                child.kill()
         raise
 
 

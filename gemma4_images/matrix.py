@@ -408,7 +408,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                     )
                 seen[key] = line
             for key_node, value_node in node.value:
-                if key_node.value in NAME_LISTS and isinstance(value_node, yaml.SequenceNode):
+                named = isinstance(key_node, yaml.ScalarNode) and key_node.value in NAME_LISTS
+                if named and isinstance(value_node, yaml.SequenceNode):
                     self._distinct_items(key_node.value, value_node)
         return super().construct_mapping(node, deep=deep)
 

@@ -9,11 +9,11 @@ registry itself."""
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
 import re
+import stat
 import tarfile
 import tempfile
 from dataclasses import dataclass
@@ -24,7 +24,6 @@ from docker.errors import APIError, NotFound
 from . import owned, publish
 from .docker_build import local_image
 from .matrix import MODELS_ROOT, model_path
-from .upstream import file_sha256
 
 DEFAULT_REPOSITORY = "gemma4-e2b-models"  # local images: gemma4-e2b-models/<name>:<tag>
 REGISTRY_PATH = "models"  # pushed images: <registry>/models/<name>:<tag>
@@ -98,23 +97,69 @@ def link_root(folder: Path) -> Path:
     return real
 
 
-def _followed(path: Path, shown: Path, root: Path) -> Path:
-    """The real path of the link at path, or one line naming it: a loop, a dangling link, or one
-    that leads out of root (following it would put any file of this host into the image)."""
-    try:
-        real = Path(os.path.realpath(path, strict=True))
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise ModelImageError(f"{shown} is a symlink loop; remove the link") from None
+MAX_HOPS = 40  # the kernel's own limit on links in one lookup (path_resolution(7))
+
+
+def _shown(path) -> str:
+    """A path for a one-line message: a newline or other control character in a name is escaped."""
+    return repr(str(path))[1:-1]
+
+
+def _followed(link: Path, parent: Path, shown: Path, root: Path) -> Path:
+    """The real path of the link named link.name in the real folder parent, followed one hop at a
+    time, or one line naming it: a loop, a dangling link, a hop through a link that lies outside
+    root (whoever can change that link decides what gets packed), or an end outside root."""
+    current, pending, hops = parent, [link.name], 0
+    while pending:
+        name = pending.pop(0)
+        if name in ("", "."):
+            continue
+        step = current.parent if name == ".." else current / name
+        if not step.is_symlink():
+            if not step.exists():
+                raise ModelImageError(
+                    f"{_shown(shown)} is a symlink to {_shown(os.readlink(link))}, which does not exist "
+                    f"({_shown(step)} is missing); remove the link or restore its target"
+                )
+            current = step
+            continue
+        hops += 1
+        if hops > MAX_HOPS:
+            raise ModelImageError(f"{_shown(shown)} is a symlink loop; remove the link")
+        if hops > 1 and not step.is_relative_to(root):
+            raise ModelImageError(
+                f"{_shown(shown)} leads through {_shown(step)}, a symlink outside {_shown(root)}: only "
+                "files inside it are packed; copy the file in or remove the link"
+            )
+        target = os.readlink(step)
+        pending[:0] = Path(target).parts
+        if os.path.isabs(target):
+            current, pending = Path("/"), pending[1:]
+    if not current.is_relative_to(root):
         raise ModelImageError(
-            f"{shown} is a symlink to {os.readlink(path)}, which does not exist; remove the link or restore its target"
-        ) from None
-    if not real.is_relative_to(root):
-        raise ModelImageError(
-            f"{shown} is a symlink to {real}, outside {root}: only files inside it are packed; "
-            "copy the file in or remove the link"
+            f"{_shown(shown)} is a symlink to {_shown(current)}, outside {_shown(root)}: only files inside "
+            "it are packed; copy the file in or remove the link"
         )
-    return real
+    return current
+
+
+def open_packed(folder: Path, rel: Path):
+    """folder/rel opened for reading and checked again on the open file: a regular file inside
+    link_root (the folder can change between the listing and the read, and a pipe put there
+    must not hang the build: O_NONBLOCK)."""
+    path = folder / rel
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as e:
+        raise ModelImageError(
+            f"{_shown(path)} cannot be read ({e.strerror}); fix its permissions or remove it"
+        ) from None
+    f = os.fdopen(fd, "rb")
+    real = Path(os.readlink(f"/proc/self/fd/{fd}"))
+    if not stat.S_ISREG(os.fstat(fd).st_mode) or not real.is_relative_to(link_root(folder)):
+        f.close()
+        raise ModelImageError(f"{_shown(path)} changed while it was packed (it is now {_shown(real)}); run it again")
+    return f
 
 
 def model_files(folder: Path) -> list[Path]:
@@ -125,21 +170,27 @@ def model_files(folder: Path) -> list[Path]:
     root, files = link_root(folder), []
 
     def walk(rel: Path, chain: tuple[Path, ...]) -> None:  # chain: the real folders down to rel
-        with os.scandir(folder / rel) as it:
-            entries = sorted((e for e in it if not e.name.startswith(".")), key=lambda e: e.name)
+        try:
+            with os.scandir(folder / rel) as it:
+                entries = sorted((e for e in it if not e.name.startswith(".")), key=lambda e: e.name)
+        except PermissionError:
+            raise ModelImageError(
+                f"{_shown(folder / rel)} cannot be read (permission denied); fix its permissions"
+            ) from None
         for e in entries:
             path, shown = Path(e.path), folder / rel / e.name
-            real = _followed(path, shown, root) if e.is_symlink() else chain[-1] / e.name
+            real = _followed(path, chain[-1], shown, root) if e.is_symlink() else chain[-1] / e.name
             if real.is_dir():
                 if real in chain:
                     raise ModelImageError(
-                        f"{shown} is a symlink to {real}, a folder that holds it (a loop); remove the link"
+                        f"{_shown(shown)} is a symlink to {_shown(real)}, a folder that holds it (a loop); "
+                        "remove the link"
                     )
                 walk(rel / e.name, (*chain, real))
             elif real.is_file():
                 files.append(rel / e.name)
             else:
-                raise ModelImageError(f"{shown} is not a regular file (a socket, pipe or device); remove it")
+                raise ModelImageError(f"{_shown(shown)} is not a regular file (a socket, pipe or device); remove it")
 
     walk(Path(), (Path(os.path.realpath(folder)),))
     return sorted(files, key=lambda p: p.as_posix())
@@ -160,7 +211,15 @@ def check_folder(folder: Path) -> list[Path]:
 def content_revision(folder: Path, files: list[Path]) -> str:
     """content-sha256:<hex> of the file list: each relative path and its bytes' sha256, so a
     renamed, added, removed or changed file changes it, and mtimes or modes do not."""
-    listing = "".join(f"{p.as_posix()}\0{file_sha256(folder / p)}\n" for p in files)
+
+    def sha256(p: Path) -> str:
+        digest = hashlib.sha256()
+        with open_packed(folder, p) as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        return digest.hexdigest()
+
+    listing = "".join(f"{p.as_posix()}\0{sha256(p)}\n" for p in files)
     return "content-sha256:" + hashlib.sha256(listing.encode()).hexdigest()
 
 
@@ -184,7 +243,7 @@ def write_layer(out, folder: Path, files: list[Path], name: str) -> None:
         for d in sorted(dirs):
             tar.addfile(entry(d, 0o755, kind=tarfile.DIRTYPE))
         for p in files:
-            with open(folder / p, "rb") as f:
+            with open_packed(folder, p) as f:
                 tar.addfile(entry(f"{root}/{name}/{p.as_posix()}", 0o644, os.fstat(f.fileno()).st_size), f)
 
 

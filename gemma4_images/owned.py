@@ -1,11 +1,13 @@
 """Containers this tool starts, and who owns them.
 
-Each one carries LABEL naming the process that started it (host, boot, pid and the pid's start
-time, so a reused pid is not taken for its owner). A run stopped by SIGINT, SIGTERM or SIGHUP
-removes its own (`stopping`); after SIGKILL, a crash or a power cut nothing in the process can,
-so the next `smoke` or `bench` (and every test session) removes those whose owner is gone
-(`reap`): what testcontainers' Ryuk does, without an image to pull. A container owned by another
-host, or by a live process here, is never touched."""
+Each one carries LABEL naming the process that started it: host name, machine id, boot, pid
+namespace, pid and the pid's start time (so a reused pid is not taken for its owner, and a run in
+another container or on another machine sharing the daemon is never judged by our /proc).
+A run stopped by SIGINT, SIGTERM or SIGHUP removes its own (`stopping`); after SIGKILL, a crash
+or a power cut nothing in the process can, so the next `smoke` or `bench` (and every test
+session) removes those whose owner is gone (`reap`): what testcontainers' Ryuk does, without an
+image to pull. A container owned by another machine, another pid namespace, or a live process
+here, is never touched."""
 
 from __future__ import annotations
 
@@ -26,21 +28,41 @@ def _boot_id() -> str:
         return f.read().strip()
 
 
+def _machine_id() -> str:
+    try:
+        with open("/etc/machine-id") as f:
+            return f.read().strip() or "none"
+    except OSError:
+        return "none"
+
+
+def _pid_namespace() -> str:
+    """This process's pid namespace (`pid:[4026531836]`): a pid means something only inside it."""
+    return os.readlink("/proc/self/ns/pid").removeprefix("pid:[").removesuffix("]")
+
+
+UNKNOWN = "unknown"
+
+
 def _start_ticks(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (proc(5): /proc/PID/stat field 22), or
-    None when there is no such process."""
+    """The process's start time in clock ticks since boot (proc(5): /proc/PID/stat field 22),
+    None when there is no such process, UNKNOWN when /proc does not say (hidepid, permissions)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             stat = f.read()
-    except OSError:
+    except FileNotFoundError:
         return None
+    except OSError:
+        return UNKNOWN
     # The command name (field 2) is in parentheses and may hold spaces or ')': split after the last.
     return stat.rsplit(")", 1)[1].split()[19]
 
 
 def owner(pid: int | None = None) -> str:
     pid = os.getpid() if pid is None else pid
-    return f"{socket.gethostname()}/{_boot_id()}/{pid}/{_start_ticks(pid)}"
+    return "/".join(
+        (socket.gethostname(), _machine_id(), _boot_id(), _pid_namespace(), str(pid), str(_start_ticks(pid)))
+    )
 
 
 def labels() -> dict[str, str]:
@@ -54,15 +76,21 @@ def cli_flags() -> list[str]:
 
 
 def gone(value: str) -> bool:
-    """The owner a label names has stopped: this host, and another boot, or its pid is not the
-    process that started it. A label this code cannot read, or another host's, is not ours to judge."""
+    """The owner a label names has stopped: this host and machine, and another boot, or (same boot
+    and pid namespace) its pid is no process or another one. A label this code cannot read, another
+    machine's or another pid namespace's, or a process /proc will not show, is not ours to judge."""
     parts = value.split("/")
-    if len(parts) != 4 or not parts[2].isdigit():
+    if len(parts) != 6 or not parts[4].isdigit():
         return False
-    host, boot, pid, start = parts
-    if host != socket.gethostname():
+    host, machine, boot, namespace, pid, start = parts
+    if (host, machine) != (socket.gethostname(), _machine_id()):
         return False
-    return boot != _boot_id() or _start_ticks(int(pid)) != start
+    if boot != _boot_id():
+        return True
+    if namespace != _pid_namespace():
+        return False
+    now = _start_ticks(int(pid))
+    return now != UNKNOWN and now != start
 
 
 def _remove(client, filters: dict, keep) -> list[str]:
@@ -109,8 +137,9 @@ def _raise(signum, frame):
 
 @contextlib.contextmanager
 def stopping():
-    """Turn the stop signals into Stopped for the body; the previous handlers come back after."""
-    previous = {s: signal.signal(s, _raise) for s in STOP_SIGNALS}
+    """Turn the stop signals into Stopped for the body; the previous handlers come back after. A
+    signal this process was started ignoring (`nohup`, a background job's SIGINT) stays ignored."""
+    previous = {s: signal.signal(s, _raise) for s in STOP_SIGNALS if signal.getsignal(s) != signal.SIG_IGN}
     try:
         yield
     finally:

@@ -660,8 +660,9 @@ def run_smoke(
         try:
             done.update(zip(together, pool.map(run, together)))
         finally:
-            # Stopped by a signal: do not wait for the checks in flight (up to a request timeout
-            # each); the container goes next and they end with it.
+            # Stopped by a signal: do not wait here for the checks in flight (up to a request
+            # timeout each); the container goes next, in the `finally` below, and they end with
+            # it (the interpreter still joins their threads at exit, after that).
             pool.shutdown(wait=False, cancel_futures=True)
         done.update((name, run(name)) for name, skip in plan if not skip and name in ALONE)
         for name, _ in plan:

@@ -16,7 +16,9 @@ pytestmark = pytest.mark.integration
 
 
 def everything(client) -> set[str]:
-    return {c.id for c in client.containers.list(all=True)}
+    """Every container of ours on the daemon (all carry the owner label), whoever started it: other
+    work on the same engine does not count."""
+    return {c.id for c in client.containers.list(all=True, filters={"label": owned.LABEL})}
 
 
 def started_smoke(client, tmp_path, wait_for: str):

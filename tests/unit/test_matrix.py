@@ -207,3 +207,11 @@ def test_recipe_drops_unsupported_features_and_variants(real):
     assert "spec_decoding" not in gaudi["features"]
     assert "fp8" not in gaudi["variants"]  # fp8 runs on Hopper and Blackwell only
     assert "fp8" in real.recipe("h100")["variants"]
+
+
+def test_a_key_that_is_not_a_name_is_still_a_matrix_error(tmp_path):
+    # `? [a]` is a sequence as a key: the list check must not meet it as a name (a TypeError).
+    path = tmp_path / "targets.yaml"
+    path.write_text("project: {}\n? [a]\n: 1\n")
+    with pytest.raises(MatrixError, match="is not valid YAML"):
+        matrix.load(path)

@@ -71,6 +71,38 @@ def test_a_link_to_a_folder_outside_is_refused_naming_it(tmp_path):
     assert refusal(base).startswith(f"{base}/sub/more is a symlink to {tmp_path}/elsewhere, outside {base}")
 
 
+def test_a_link_that_leads_out_through_a_link_and_back_is_refused(tmp_path):
+    # x -> ../hop, and hop (outside) -> model/config.json: the end is inside, but whoever can change
+    # hop decides what gets packed.
+    base = folder(tmp_path / "model", {"config.json": b"{}"})
+    (tmp_path / "hop").symlink_to(base / "config.json")
+    (base / "x").symlink_to("../hop")
+    line = refusal(base)
+    assert line.startswith(f"{base}/x leads through {tmp_path}/hop, a symlink outside {base}"), line
+
+
+def test_a_name_with_a_newline_stays_one_line(tmp_path):
+    base = folder(tmp_path / "model", {"config.json": b"{}"})
+    (base / "bad\nname").symlink_to("../nowhere")
+    assert "bad\\nname is a symlink to ../nowhere, which does not exist" in refusal(base)
+
+
+def test_a_file_swapped_after_the_listing_is_refused_when_read(tmp_path):
+    """The folder can change between check_folder and the read: the file is checked again on the
+    open file. A pipe swapped in does not hang the build."""
+    (tmp_path / "secret").write_bytes(b"host secret")
+    base = folder(tmp_path / "model", {"config.json": b"{}", "notes.txt": b"n"})
+    files = model_image.check_folder(base)
+    (base / "notes.txt").unlink()
+    (base / "notes.txt").symlink_to("../secret")
+    with pytest.raises(model_image.ModelImageError, match=r"notes.txt changed while it was packed \(it is now "):
+        model_image.write_layer(io.BytesIO(), base, files, "m")
+    (base / "notes.txt").unlink()
+    os.mkfifo(base / "notes.txt")
+    with pytest.raises(model_image.ModelImageError, match="changed while it was packed"):
+        model_image.content_revision(base, files)
+
+
 def test_links_that_stay_inside_the_folder_are_followed(tmp_path):
     base = folder(tmp_path / "model", {"config.json": b"{}", "weights/a.safetensors": b"w"})
     (base / "model.safetensors").symlink_to("weights/a.safetensors")
