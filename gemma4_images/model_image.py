@@ -24,6 +24,7 @@ from docker.errors import APIError, NotFound
 from . import owned, publish
 from .docker_build import local_image
 from .matrix import MODELS_ROOT, model_path
+from .upstream import stream_sha256
 
 DEFAULT_REPOSITORY = "gemma4-e2b-models"  # local images: gemma4-e2b-models/<name>:<tag>
 REGISTRY_PATH = "models"  # pushed images: <registry>/models/<name>:<tag>
@@ -143,9 +144,9 @@ def _followed(link: Path, parent: Path, shown: Path, root: Path) -> Path:
     return current
 
 
-def open_packed(folder: Path, rel: Path):
+def open_packed(folder: Path, rel: Path, root: Path):
     """folder/rel opened for reading and checked again on the open file: a regular file inside
-    link_root (the folder can change between the listing and the read, and a pipe put there
+    root, folder's link_root (the folder can change between the listing and the read, and a pipe put there
     must not hang the build: O_NONBLOCK)."""
     path = folder / rel
     try:
@@ -156,7 +157,7 @@ def open_packed(folder: Path, rel: Path):
         ) from None
     f = os.fdopen(fd, "rb")
     real = Path(os.readlink(f"/proc/self/fd/{fd}"))
-    if not stat.S_ISREG(os.fstat(fd).st_mode) or not real.is_relative_to(link_root(folder)):
+    if not stat.S_ISREG(os.fstat(fd).st_mode) or not real.is_relative_to(root):
         f.close()
         raise ModelImageError(f"{_shown(path)} changed while it was packed (it is now {_shown(real)}); run it again")
     return f
@@ -212,12 +213,11 @@ def content_revision(folder: Path, files: list[Path]) -> str:
     """content-sha256:<hex> of the file list: each relative path and its bytes' sha256, so a
     renamed, added, removed or changed file changes it, and mtimes or modes do not."""
 
+    root = link_root(folder)
+
     def sha256(p: Path) -> str:
-        digest = hashlib.sha256()
-        with open_packed(folder, p) as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-        return digest.hexdigest()
+        with open_packed(folder, p, root) as f:
+            return stream_sha256(f)
 
     listing = "".join(f"{p.as_posix()}\0{sha256(p)}\n" for p in files)
     return "content-sha256:" + hashlib.sha256(listing.encode()).hexdigest()
@@ -242,8 +242,9 @@ def write_layer(out, folder: Path, files: list[Path], name: str) -> None:
         }
         for d in sorted(dirs):
             tar.addfile(entry(d, 0o755, kind=tarfile.DIRTYPE))
+        inside = link_root(folder)
         for p in files:
-            with open_packed(folder, p) as f:
+            with open_packed(folder, p, inside) as f:
                 tar.addfile(entry(f"{root}/{name}/{p.as_posix()}", 0o644, os.fstat(f.fileno()).st_size), f)
 
 
