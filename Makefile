@@ -34,7 +34,7 @@ image: host-build ## Build one image: make image HW=h100
 images: host-build ## Build every target's image
 	$(PY) build.py build all
 
-base: host-build ## Build HW's local stand-in base without a registry (cpu only)
+base: host-build ## Build HW's local stand-in base without a registry (cpu, b200, b300; `make list`)
 	$(PY) build.py base $(HW)
 
 render: host-build ## Re-render Dockerfile.* and image/recipes/ from targets.yaml
@@ -46,7 +46,7 @@ lint: host ## render --check, ruff (lint and format), then hadolint every Docker
 	.venv/bin/ruff format --check .
 	.venv/bin/hadolint --no-color Dockerfile.* bases/*/Dockerfile
 
-lock: host ## Re-resolve requirements/*.in and the CPU stand-in base into the hashed locks; commit them
+lock: host ## Re-resolve requirements/*.in and the stand-in bases into the hashed locks; commit them
 	scripts/lock.sh
 
 check-fixes: host ## Apply the vllm-gaudi fixes to a checkout and run their tests: VLLM_GAUDI_SRC=DIR [COVERAGE=1 [RECORD=1]] [ALLOW_SKIPS=1]

@@ -169,7 +169,7 @@ def cli():
 @cli.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def list_targets(as_json):
-    """Every target: name, family, base image, vLLM version, tag."""
+    """Every target: name, family, base image, the stand-in `base` builds for it, vLLM version, tag."""
     m = load()
     rows = [
         {
@@ -178,6 +178,7 @@ def list_targets(as_json):
             "family": t.family,
             "hardware": t.hardware,
             "base": t.base.ref,
+            "standin": t.base.standin,
             "vllm": m.project.vllm_version,
             "tag": m.tag(n),
         }
@@ -186,11 +187,12 @@ def list_targets(as_json):
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    fmt = "{:<15} {:<7} {:<26} {:<44} {:<7} {}"
-    click.echo(fmt.format("TARGET", "FAMILY", "HARDWARE", "BASE", "VLLM", "TAG"))
+    fmt = "{:<15} {:<7} {:<26} {:<44} {:<12} {:<7} {}"
+    click.echo(fmt.format("TARGET", "FAMILY", "HARDWARE", "BASE", "STAND-IN", "VLLM", "TAG"))
     for r in rows:
         name = r["target"] + (f" ({','.join(r['aliases'])})" if r["aliases"] else "")
-        click.echo(fmt.format(name, r["family"], r["hardware"], r["base"], r["vllm"], r["tag"]))
+        standin = r["standin"] or "-"
+        click.echo(fmt.format(name, r["family"], r["hardware"], r["base"], standin, r["vllm"], r["tag"]))
 
 
 @cli.command("render")

@@ -25,7 +25,8 @@ def resolve_base(client, matrix: Matrix, name: str, override: str | None, log) -
     reason = pull(client, wanted)
     if reason is None:
         return wanted
-    local = None if override else target.base.local
+    standin = None if override else matrix.standin(name)
+    local = standin.tag if standin else None
     if local and local_image(client, local) is not None:
         log(f"cannot pull {wanted} ({reason}); using the local stand-in {local}")
         return local
@@ -108,11 +109,12 @@ def dry_run(
 
 def build_local_base(client, matrix: Matrix, name: str, log, nocache=False) -> str:
     target = matrix.targets[name]
-    if not target.base.local:
+    if not target.base.standin:
+        others = ", ".join(f"{n} ({matrix.targets[n].base.standin})" for n in matrix.targets if matrix.standin(n))
+        why = target.base.no_standin or "targets.yaml names none for it"
         raise BaseUnavailable(
-            f"{name} has no local stand-in base; only "
-            + ", ".join(n for n, t in matrix.targets.items() if t.base.local)
-            + " can be built without a registry"
+            f"{name} has no local stand-in base: {why}. Stand-ins, by target: {others}; "
+            "build one and pass it with --base-image"
         )
 
     def prefetch(rootfs: str) -> None:
@@ -128,4 +130,4 @@ def build_local_base(client, matrix: Matrix, name: str, log, nocache=False) -> s
             except Exception as e:  # noqa: BLE001 - a download ahead of time, never the base's failure
                 log(f"note: fetching {what} ahead of the image build failed ({e}); the build fetches them again")
 
-    return localbase.cpu_base(client, matrix, log, tag=target.base.local, nocache=nocache, prefetch=prefetch)
+    return localbase.standin_base(client, matrix, target.base.standin, log, nocache=nocache, prefetch=prefetch)

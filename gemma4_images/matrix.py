@@ -87,10 +87,31 @@ class Family(Strict):
     kubernetes: FamilyKubernetes
 
 
+class Standin(Strict):
+    """A base built here with no registry (`build.py base TARGET`) in place of a vendor image: a
+    Debian root filesystem and the real PyPI packages `lock` pins, installed by `dockerfile`."""
+
+    tag: str
+    dockerfile: str  # relative to the repository
+    lock: str  # relative to the repository; `make lock` writes it from requirements()
+    vllm_distribution: str  # the PyPI distribution that carries vLLM's code for this family
+    stands_for: str
+    proves: str
+
+    @property
+    def dockerfile_path(self) -> Path:
+        return ROOT / self.dockerfile
+
+    @property
+    def lock_path(self) -> Path:
+        return ROOT / self.lock
+
+
 class Image(Strict):
     image: str
     digest: str | None = None
-    local: str | None = None
+    standin: str | None = None  # a key of `standins`: what `build.py base` builds for this base
+    no_standin: str | None = None  # why there is none (what `build.py base` says)
     # The CUDA runtime the base's torch is built for (torch.version.cuda); the build's self-check
     # refuses a base that carries another one.
     cuda: str | None = None
@@ -221,6 +242,7 @@ class Matrix(Strict):
     variants: dict[str, Variant]
     upstream_files: dict[str, UpstreamFile]
     families: dict[str, Family]
+    standins: dict[str, Standin]
     targets: dict[str, Target]
 
     @field_validator("features")
@@ -235,6 +257,11 @@ class Matrix(Strict):
     def _cross_references(self):
         names = set(self.targets)
         for name, t in self.targets.items():
+            if t.base.standin is not None and t.base.standin not in self.standins:
+                raise ValueError(
+                    f"targets.{name}.base.standin: unknown stand-in {t.base.standin!r}; "
+                    f"known: {', '.join(self.standins)}"
+                )
             if t.family not in self.families:
                 raise ValueError(
                     f"targets.{name}.family: unknown family {t.family!r}; known: {', '.join(self.families)}"
@@ -290,6 +317,11 @@ class Matrix(Strict):
                 return tname
         valid = ", ".join(sorted(self.targets) + sorted(a for t in self.targets.values() for a in t.aliases))
         raise MatrixError(f"unknown target {name!r}; valid targets: {valid}")
+
+    def standin(self, name: str) -> Standin | None:
+        """The stand-in `build.py base` builds for the target's base, if it has one."""
+        key = self.targets[name].base.standin
+        return self.standins[key] if key else None
 
     def tag(self, name: str) -> str:
         return f"{self.project.image}:{name}-v{self.project.vllm_version}"

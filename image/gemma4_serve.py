@@ -12,8 +12,9 @@ Chosen at `docker run` time, without rebuilding:
   GEMMA4_MODEL     a hub id or a path inside the container, instead of the variant's model
                    (a path, with nothing else in the launch naming a hub repository, turns on the
                    hub's offline mode: HF_HUB_OFFLINE=1, unless HF_HUB_OFFLINE is set already)
-Own options (removed before the launch): --print-command, --self-check [--seed-model-info],
---healthcheck, --ready, --write-build-info PATH (and --probe PLAN, the self-check's child).
+Own options (removed before the launch): --print-command, --self-check [--seed-model-info]
+[FLAGS...] (every launch, FLAGS appended, also goes through vLLM's own parser), --healthcheck,
+--ready, --write-build-info PATH (and --probe PLAN, the self-check's child).
 """
 
 from __future__ import annotations
@@ -408,6 +409,61 @@ def _probe_model_info(arch_and_seed):
     return model.module_name
 
 
+def launches(recipe: dict, user_args: list[str] = ()) -> list[list]:
+    """[label, argv] for every launch this entrypoint composes: each set of the selectable features
+    under each variant (one without a checkpoint with a placeholder GEMMA4_MODEL: the parser
+    fetches nothing), user_args appended."""
+    import itertools
+
+    names, out = list(recipe["features"]), []
+    for variant, v in recipe["variants"].items():
+        env = {"GEMMA4_VARIANT": variant, **({} if v["model"] else {"GEMMA4_MODEL": f"example/{variant}-checkpoint"})}
+        for n in range(len(names) + 1):
+            for chosen in itertools.combinations(names, n):
+                features = ",".join(chosen) or "none"
+                argv = compose(recipe, {**env, "GEMMA4_FEATURES": features}, list(user_args))
+                out.append([f"variant {variant}, features {features}", argv])
+    return out
+
+
+def _probe_launch(labelled: list) -> list:
+    """Each [label, argv] through vLLM's own `vllm serve` parser, its pre-start validation and
+    AsyncEngineArgs.from_cli_args, as `vllm serve` runs them before it loads anything; [label,
+    error] for each it refuses. A build has no device: on vLLM's unspecified platform the parser
+    cannot be built ("Failed to infer device type"), so it is built on the CPU platform, as vLLM's
+    own `vllm bench` does (vllm/entrypoints/cli/main.py); the flags it knows do not depend on it."""
+    import contextlib
+    import io
+
+    from vllm import platforms
+
+    if platforms.current_platform.is_unspecified():
+        from vllm.platforms.cpu import CpuPlatform
+
+        platforms.current_platform = CpuPlatform()
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser(prog="vllm")
+    serve = ServeSubcommand()
+    serve.subparser_init(parser.add_subparsers(dest="subparser"))
+    refused = []
+    for label, argv in labelled:
+        said = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(said), contextlib.redirect_stdout(said):
+                args = parser.parse_args(argv[1:])
+                serve.validate(args)
+                AsyncEngineArgs.from_cli_args(args)
+        except SystemExit:  # argparse: usage, then "vllm serve: error: ..."
+            lines = [line for line in said.getvalue().splitlines() if "error:" in line] or ["refused by argparse"]
+            refused.append([label, lines[-1].split("error:", 1)[-1].strip()])
+        except Exception as e:  # noqa: BLE001 - vLLM's validation raises TypeError, ValueError, ...
+            refused.append([label, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"])
+    return refused
+
+
 PROBES = {
     "model_info": _probe_model_info,
     "cuda": _probe_cuda,
@@ -416,6 +472,7 @@ PROBES = {
     "reasoning_parser": _probe_reasoning_parser,
     "image": _probe_image,
     "audio": _probe_audio,
+    "launch": _probe_launch,
 }
 
 
@@ -432,9 +489,9 @@ def probe(plan: list) -> dict:
     return out
 
 
-def probe_plan(recipe: dict, seed: str | None = None) -> list[tuple[str, object]]:
+def probe_plan(recipe: dict, seed: str | None = None, user_args: list[str] = ()) -> list[tuple[str, object]]:
     """(probe, argument) for what this recipe's launch and selectable features need; seed: where
-    the model-info probe also writes vLLM's cache entry."""
+    the model-info probe also writes vLLM's cache entry; user_args: flags every launch gets."""
     plan = [("transformers", None), ("model_info", [recipe["architecture"], seed]), ("image", None)]
     for flags in [recipe["args"], *recipe["features"].values()]:
         for flag, probe in (("--tool-call-parser", "tool_parser"), ("--reasoning-parser", "reasoning_parser")):
@@ -445,6 +502,8 @@ def probe_plan(recipe: dict, seed: str | None = None) -> list[tuple[str, object]
         plan.append(("audio", None))
     if recipe.get("cuda"):
         plan.append(("cuda", None))
+    # Last: it may set vLLM's platform for the rest of the probe interpreter.
+    plan.append(("launch", launches(recipe, user_args)))
     return plan
 
 
@@ -473,6 +532,9 @@ def capability_problems(recipe: dict, results: dict) -> list[str]:
     target, problems = recipe["target"], []
     for name, result in results.items():
         kind, _, arg = name.partition(":")
+        if kind == "launch":
+            problems += launch_problems(recipe, result)
+            continue
         if kind == "cuda":
             if result["ok"] and result["value"] != recipe["cuda"]:
                 problems.append(cuda_mismatch(recipe, result["value"]))
@@ -510,6 +572,24 @@ def capability_problems(recipe: dict, results: dict) -> list[str]:
     return problems
 
 
+def launch_problems(recipe: dict, result: dict) -> list[str]:
+    """One line per distinct refusal of vLLM's parser, naming the target, how many of its launches
+    it hits and one of them."""
+    target = recipe["target"]
+    if not result["ok"]:
+        return [f"{target}: vLLM's serve parser could not be run on the launch ({result['error']})"]
+    by_error: dict = {}
+    for label, error in result["value"]:
+        by_error.setdefault(error, []).append(label)
+    total = len(launches(recipe))
+    return [
+        f"{target}: vLLM {recipe['vllm_version']} refuses the launch: {error} ({len(labels)} of {total} "
+        f"launches, e.g. {labels[0]}); correct the flag in targets.yaml ({target}'s serve.args or the "
+        "feature's flags) or in the arguments given"
+        for error, labels in by_error.items()
+    ]
+
+
 def cuda_mismatch(recipe: dict, found: str) -> str:
     target, want, bases = recipe["target"], recipe["cuda"], recipe["cuda_bases"]
     line = (
@@ -521,7 +601,7 @@ def cuda_mismatch(recipe: dict, found: str) -> str:
     return line
 
 
-def self_check(recipe: dict, probes: bool = True, seed: str | None = None) -> list[str]:
+def self_check(recipe: dict, probes: bool = True, seed: str | None = None, user_args: list[str] = ()) -> list[str]:
     """Build-time proof that this base can serve the recipe; returns the problems found."""
     problems = [f"{m}: file not found in the image (cwd {os.getcwd()})" for m in missing_files(recipe)]
     found = installed_vllm()
@@ -538,7 +618,7 @@ def self_check(recipe: dict, probes: bool = True, seed: str | None = None) -> li
     if shutil.which(recipe["command"][0]) is None:
         problems.append(f"{recipe['command'][0]!r} is not on PATH")
     if probes and found is not None:
-        problems += capability_problems(recipe, run_probes(probe_plan(recipe, seed)))
+        problems += capability_problems(recipe, run_probes(probe_plan(recipe, seed, user_args)))
     return problems
 
 
@@ -646,7 +726,8 @@ def main(argv: list[str]) -> int:
             write_build_info(args[1], dict(os.environ), recipe)
             return 0
         if "--self-check" in modes:
-            problems = self_check(recipe, seed=MODEL_INFO_SEED if "--seed-model-info" in modes else None)
+            seed = MODEL_INFO_SEED if "--seed-model-info" in modes else None
+            problems = self_check(recipe, seed=seed, user_args=args)
             for p in problems:
                 print(f"gemma4-serve: self-check: {p}", file=sys.stderr)
             return 1 if problems else 0

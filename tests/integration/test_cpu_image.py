@@ -67,7 +67,7 @@ def test_chat_template_is_where_the_flag_points(client, cpu_image):
 def test_local_base_is_reused_not_rebuilt(client, m, cpu_image):
     lines = []
     localbase.cpu_base(client, m, lines.append)
-    assert lines == [f"{m.targets['xeon6'].base.local} is up to date"]
+    assert lines == [f"{m.standin('xeon6').tag} is up to date"]
 
 
 # Stands in for `vllm` on PATH: what vLLM's registry does first at start-up, then exit. 0: vLLM's

@@ -188,7 +188,11 @@ def test_probe_plan_follows_the_launch(m):
         "reasoning_parser:gemma4": "gemma4",
         "audio": None,
         "cuda": None,
+        "launch": serve.launches(m.recipe("h100")),
     }
+    assert list(plan)[-1] == "launch"  # it may switch vLLM's platform for the probes after it
+    with_flag = dict(serve.probe_plan(m.recipe("h100"), user_args=["--x"]))["launch"]
+    assert with_flag == serve.launches(m.recipe("h100"), ["--x"])
     assert dict(serve.probe_plan(m.recipe("h100"), "/seed"))["model_info"] == [
         "Gemma4ForConditionalGeneration",
         "/seed",
@@ -327,3 +331,33 @@ def test_print_command_says_the_hub_is_offline(m, tmp_path, monkeypatch, capsys)
     monkeypatch.delenv("GEMMA4_MODEL")
     assert run_main(tmp_path, monkeypatch, recipe, ["--print-command"]) == 0
     assert shlex.split(capsys.readouterr().out) == m.recipe_launch("xeon6")
+
+
+@pytest.mark.parametrize("name", ["b300", "gaudi2", "trillium"])
+def test_the_launch_check_covers_every_feature_set_under_every_variant(m, name):
+    recipe = m.recipe(name)
+    checked = serve.launches(recipe, ["--max-num-seqs", "8"])
+    assert len(checked) == 2 ** len(recipe["features"]) * len(recipe["variants"])
+    assert len({shlex.join(argv) for _, argv in checked}) == len(checked)  # all distinct
+    for label, argv in checked:
+        variant, features = label.removeprefix("variant ").split(", features ")
+        env = {"GEMMA4_VARIANT": variant, "GEMMA4_FEATURES": features}
+        if not recipe["variants"][variant]["model"]:
+            env["GEMMA4_MODEL"] = f"example/{variant}-checkpoint"
+        assert argv == serve.compose(recipe, env, ["--max-num-seqs", "8"])  # what the entrypoint runs
+    assert [argv for _, argv in checked if argv[:-2] == m.recipe_launch(name)], "the recipe's own launch is among them"
+
+
+def test_launch_refusals_are_one_line_each_naming_target_flag_and_share():
+    recipe = {"target": "b300", "vllm_version": "0.30.0", "features": {"reasoning": []}}
+    recipe.update(variants={"default": {"model": "m"}})
+    recipe.update(command=["vllm", "serve"], model_arg="positional", args=[], tokenizer=None, audio=True)
+    recipe.update(default_features=[], unsupported_features={})
+    refused = ["variant default, features reasoning", "unrecognized arguments: --reasoning-parserr"]
+    result = {"ok": True, "value": [refused]}
+    assert serve.launch_problems(recipe, result) == [
+        "b300: vLLM 0.30.0 refuses the launch: unrecognized arguments: --reasoning-parserr (1 of 2 launches, "
+        "e.g. variant default, features reasoning); correct the flag in targets.yaml (b300's serve.args or the "
+        "feature's flags) or in the arguments given"
+    ]
+    assert serve.launch_problems(recipe, {"ok": True, "value": []}) == []

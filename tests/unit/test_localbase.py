@@ -1,4 +1,4 @@
-"""When the local CPU base counts as up to date: its own inputs and a current root filesystem.
+"""When a stand-in base (here the CPU one) counts as up to date: its own inputs and a current root filesystem.
 The Docker client here is a stand-in (FakeClient): only which images exist, with which labels."""
 
 import types
@@ -10,7 +10,8 @@ from docker.errors import ImageNotFound
 from gemma4_images import localbase, matrix, wheels
 
 M = matrix.load()
-BASE = next(t.base.local for t in M.targets.values() if t.base.local)
+CPU = M.standins[localbase.CPU_STANDIN]
+BASE = CPU.tag
 
 
 class FakeClient:
@@ -34,8 +35,7 @@ def any_buildkit_cli(monkeypatch):
 
 def base_inputs(rootfs_id: str) -> str:
     """What cpu_base records for a base built on that root filesystem (its inputs_for)."""
-    dockerfile = (localbase.CPU_BASE_DIR / "Dockerfile").read_text()
-    return localbase._inputs_hash(dockerfile, localbase.CPU_BASE_LOCK.read_text(), rootfs_id)
+    return localbase._inputs_hash(CPU.dockerfile_path.read_text(), CPU.lock_path.read_text(), rootfs_id)
 
 
 def client_with(rootfs_label: str) -> FakeClient:
@@ -74,7 +74,7 @@ def test_prefetch_runs_on_the_root_filesystem_while_the_base_builds(monkeypatch,
     client = FakeClient({localbase.ROOTFS_TAG: ("sha256:rootfs", {label: localbase.ROOTFS_INPUTS})})
     monkeypatch.setattr(localbase, "locked_wheelhouse", lambda *a, **kw: "/wheels")
 
-    def build_base(client, matrix, log, tag, nocache, base, inputs, wheels):
+    def build_base(client, matrix, standin, log, tag, nocache, base, inputs, wheels):
         assert started.wait(10), "prefetch did not run while the base was building"
         seen.append((tag, base, wheels))
 
@@ -84,24 +84,34 @@ def test_prefetch_runs_on_the_root_filesystem_while_the_base_builds(monkeypatch,
     assert prefetched == [localbase.ROOTFS_TAG] and seen == [(BASE, localbase.ROOTFS_TAG, "/wheels")]
 
 
-def test_the_committed_lock_pins_what_targets_yaml_and_the_tool_lock_say():
-    # CI's drift check for requirements/cpu-base.lock: `make lock` is due when this fails.
-    text = localbase.checked_lock(M)
+@pytest.mark.parametrize("key", sorted(M.standins))
+def test_the_committed_lock_pins_what_targets_yaml_and_the_tool_lock_say(key):
+    # CI's drift check for each stand-in's lock (requirements/*-base.lock): `make lock` is due when this fails.
+    text = localbase.checked_lock(M, key)
     pins = [entry.split()[0] for entry in wheels.lock_entries(text)]
-    assert set(localbase.base_requirements(M)) <= set(pins) and len(pins) == len(set(pins))
+    assert set(localbase.base_requirements(M, key)) <= set(pins) and len(pins) == len(set(pins))
     assert all("--hash=sha256:" in entry for entry in wheels.lock_entries(text))
 
 
+def test_the_cuda_stand_in_locks_pypis_cuda_torch_not_the_local_cpu_build():
+    # PEP 440 lets torch==X match X+cpu, which lies in this machine's local wheel folder: the CUDA
+    # stand-in's lock must be PyPI's CUDA build with the nvidia wheels it pulls.
+    pins = [e.split()[0] for e in wheels.lock_entries(localbase.checked_lock(M, "vllm-cuda13"))]
+    torch = next(p for p in pins if p.startswith("torch=="))
+    assert "+" not in torch and any(p.startswith("nvidia-cuda-runtime==13.") for p in pins), pins
+
+
 def test_a_lock_that_misses_a_pin_is_one_line_naming_make_lock(monkeypatch, tmp_path):
-    lock = tmp_path / "cpu-base.lock"
-    text = localbase.CPU_BASE_LOCK.read_text()
-    lock.write_text(text.replace(f"transformers=={M.project.transformers_version} ", "transformers==5.24.0 "))
-    monkeypatch.setattr(localbase, "CPU_BASE_LOCK", lock)
+    text = CPU.lock_path.read_text()
+    (tmp_path / "requirements").mkdir()
+    pin = f"transformers=={M.project.transformers_version} "
+    (tmp_path / CPU.lock).write_text(text.replace(pin, "transformers==5.24.0 "))
+    monkeypatch.setattr(matrix, "ROOT", tmp_path)
     monkeypatch.setattr(localbase, "ROOT", tmp_path)
     with pytest.raises(localbase.LocalBaseError) as refused:
         localbase.checked_lock(M)
     assert str(refused.value) == (
-        f"cpu-base.lock does not pin transformers=={M.project.transformers_version} (targets.yaml or the tool "
+        f"{CPU.lock} does not pin transformers=={M.project.transformers_version} (targets.yaml or the tool "
         "lock changed): run `make lock` and commit the lock it writes"
     )
 
@@ -117,12 +127,12 @@ def test_the_locked_wheelhouse_asks_for_each_pin_once_with_its_hashes(monkeypatc
         asked.extend(Path(requirements[1]).read_text().splitlines())
 
     monkeypatch.setattr(wheels, "_pip_download", pip_download)
-    dest = wheels.locked_wheelhouse(localbase.CPU_BASE_LOCK)
-    entries = wheels.lock_entries(localbase.CPU_BASE_LOCK.read_text())
+    dest = wheels.locked_wheelhouse(CPU.lock_path)
+    entries = wheels.lock_entries(CPU.lock_path.read_text())
     assert sorted(asked) == sorted(entries) and len(entries) > 100
-    assert (dest / ".complete").read_text() == localbase.CPU_BASE_LOCK.read_text()
+    assert (dest / ".complete").read_text() == CPU.lock_path.read_text()
     asked.clear()
-    assert wheels.locked_wheelhouse(localbase.CPU_BASE_LOCK) == dest and asked == []  # once per machine
+    assert wheels.locked_wheelhouse(CPU.lock_path) == dest and asked == []  # once per machine
 
 
 def test_without_a_buildkit_cli_the_base_build_is_refused_before_anything_is_made(monkeypatch, tmp_path):
