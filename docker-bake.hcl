@@ -466,9 +466,9 @@ target "gemma4-e2b-trillium" {
   tags = ["gemma4-e2b:trillium-v0.30.0"]
   args = {
     BASE_IMAGE           = "vllm/vllm-tpu:v0.30.0"
-    GEMMA4_FIXES_PROFILE = "vllm-0.30.0"
+    GEMMA4_FIXES_PROFILE = "vllm-tpu-0.30.0"
     GEMMA4_FIXES_OPT_IN  = "gemma4-required-tool-grammar gemma4-buffered-tool-args"
-    GEMMA4_AUDIO_EXTRAS  = "av==18.1.0 scipy==1.17.1 soundfile==0.14.0 soxr==1.1.0 mistral_common[audio]"
+    GEMMA4_AUDIO_EXTRAS  = "av==18.1.0 scipy==1.17.1 soundfile==0.14.0 soxr==1.1.0 mistral_common[audio] torchaudio==2.10.0"
     GEMMA4_WHEELS_URL    = "${WHEELS_URL}"
     GEMMA4_TITLE         = "google/gemma-4-E2B-it on vLLM 0.30.0 (Cloud TPU v6e (Trillium))"
     GEMMA4_SOURCE        = "https://github.com/gemma4-images/gemma4-images"
@@ -505,9 +505,9 @@ target "gemma4-e2b-ironwood" {
   tags = ["gemma4-e2b:ironwood-v0.30.0"]
   args = {
     BASE_IMAGE           = "vllm/vllm-tpu:v0.30.0"
-    GEMMA4_FIXES_PROFILE = "vllm-0.30.0"
+    GEMMA4_FIXES_PROFILE = "vllm-tpu-0.30.0"
     GEMMA4_FIXES_OPT_IN  = "gemma4-required-tool-grammar gemma4-buffered-tool-args"
-    GEMMA4_AUDIO_EXTRAS  = "av==18.1.0 scipy==1.17.1 soundfile==0.14.0 soxr==1.1.0 mistral_common[audio]"
+    GEMMA4_AUDIO_EXTRAS  = "av==18.1.0 scipy==1.17.1 soundfile==0.14.0 soxr==1.1.0 mistral_common[audio] torchaudio==2.10.0"
     GEMMA4_WHEELS_URL    = "${WHEELS_URL}"
     GEMMA4_TITLE         = "google/gemma-4-E2B-it on vLLM 0.30.0 (Cloud TPU 7x (Ironwood))"
     GEMMA4_SOURCE        = "https://github.com/gemma4-images/gemma4-images"

@@ -85,7 +85,7 @@ def fix_args(matrix: Matrix, name: str) -> dict[str, str]:
 def audio_args(matrix: Matrix, name: str, wheels_url: str) -> dict[str, str]:
     audio = matrix.targets[name].audio
     return {
-        "GEMMA4_AUDIO_EXTRAS": " ".join(matrix.audio_extras) if audio else "",
+        "GEMMA4_AUDIO_EXTRAS": " ".join(matrix.audio_extras_of(name)) if audio else "",
         "GEMMA4_WHEELS_URL": wheels_url if audio else "",
     }
 

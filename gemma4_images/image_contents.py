@@ -84,6 +84,19 @@ class Contents:
         pairs = (line.split("=", 1) for line in self.text(path).splitlines() if "=" in line)
         return {k: v.strip().strip('"') for k, v in pairs}
 
+    def fix_paths(self, entry: dict) -> tuple[str, str]:
+        """The image's fix.json and the diff a manifest entry's fix was applied from: its port
+        (ports/<profile>.diff) when the entry names one, else fix.diff."""
+        folder = f"{PACK}/{entry['name']}"
+        diff = f"{folder}/ports/{entry['port']}.diff" if entry.get("port") else f"{folder}/fix.diff"
+        return f"{folder}/fix.json", diff
+
+    def fix_facts(self, entry: dict) -> dict:
+        """The entry's fix.json as its build applied it: with its port's written_against,
+        verified and pre_sha256 when it names one."""
+        fix = self.json(self.fix_paths(entry)[0])
+        return {**fix, **fix["ports"][entry["port"]]} if entry.get("port") else fix
+
     def under(self, prefix: str) -> list[str]:
         return sorted(p for p in self.files if p == prefix or p.startswith(prefix.rstrip("/") + "/"))
 

@@ -38,13 +38,15 @@ def resolve_base(client, matrix: Matrix, name: str, override: str | None, log) -
     raise BaseUnavailable(f"cannot pull {wanted}: {reason}. {hint[0].upper() + hint[1:]}.")
 
 
-def audio_wheels(client, matrix: Matrix, name: str, base: str, log) -> Path | None:
-    """The audio extras' wheelhouse for the base's own Python and platform (None: no audio)."""
+def audio_wheels(client, matrix: Matrix, name: str, base: str, log, extras: str | None = None) -> Path | None:
+    """The audio extras' wheelhouse for the base's own Python and platform (None: no audio).
+    extras: what the build installs instead of the target's own (a GEMMA4_AUDIO_EXTRAS build arg)."""
     if not matrix.targets[name].audio:
         return None
     py = running.python_of(client, base)
     platforms = wheels.manylinux_platforms(py["machine"], py["glibc"])
-    house = wheels.wheelhouse(matrix.audio_extras, python=py["python"], platforms=platforms)
+    wanted = matrix.audio_extras_of(name) if extras is None else extras.split()
+    house = wheels.wheelhouse(wanted, python=py["python"], platforms=platforms)
     log(f"audio extras for Python {py['python']} ({py['machine']}, glibc {py['glibc']}) from {house}")
     return house
 
@@ -71,7 +73,7 @@ def build_target(
     _, bos_copy_of = tokenizer_copy.stage(matrix, name, tokenizer_source, context / ".build" / "tokenizer")
     base = resolve_base(client, matrix, name, base_override, log)
     image = local_image(client, base)
-    house = audio_wheels(client, matrix, name, base, log)
+    house = audio_wheels(client, matrix, name, base, log, (extra_args or {}).get("GEMMA4_AUDIO_EXTRAS"))
     with wheels.serve_directory(house) if house else nullcontext("") as wheels_url:
         buildargs = build_args(matrix, name, base, base_digest(image, base), wheels_url, bos_copy_of, extra_args)
         spec = BuildSpec(

@@ -86,7 +86,7 @@ def base_requirements(matrix, key: str = CPU_STANDIN) -> list[str]:
     uv this repository's tool locks pin (requirements/build.lock), which installs the wheelhouse in
     a fraction of pip's time."""
     return [
-        f"{matrix.standins[key].vllm_distribution}=={matrix.project.vllm_version}",
+        f"{matrix.standin_distribution(key)}=={matrix.project.vllm_version}",
         f"transformers=={matrix.project.transformers_version}",
         f"uv=={metadata.version('uv')}",
     ]

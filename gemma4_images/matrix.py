@@ -85,6 +85,9 @@ class Family(Strict):
     env: dict[str, str] = {}
     present: Present = Present()
     kubernetes: FamilyKubernetes
+    # The PyPI distributions carrying this family's vLLM at project.vllm_version, its vLLM first.
+    pypi: list[str]
+    audio_extras: list[str] = []  # added to Matrix.audio_extras for this family's targets
 
 
 class Standin(Strict):
@@ -94,7 +97,7 @@ class Standin(Strict):
     tag: str
     dockerfile: str  # relative to the repository
     lock: str  # relative to the repository; `make lock` writes it from requirements()
-    vllm_distribution: str  # the PyPI distribution that carries vLLM's code for this family
+    family: str  # whose targets it serves; its vLLM distribution is the family's pypi[0]
     stands_for: str
     proves: str
 
@@ -256,11 +259,20 @@ class Matrix(Strict):
     @model_validator(mode="after")
     def _cross_references(self):
         names = set(self.targets)
+        for key, s in self.standins.items():
+            family = self.families.get(s.family)
+            if family is None or not family.pypi:
+                raise ValueError(f"standins.{key}.family: {s.family!r} is not a family whose vLLM is on PyPI")
         for name, t in self.targets.items():
             if t.base.standin is not None and t.base.standin not in self.standins:
                 raise ValueError(
                     f"targets.{name}.base.standin: unknown stand-in {t.base.standin!r}; "
                     f"known: {', '.join(self.standins)}"
+                )
+            if t.base.standin is not None and self.standins[t.base.standin].family != t.family:
+                raise ValueError(
+                    f"targets.{name}.base.standin: {t.base.standin!r} stands in for the "
+                    f"{self.standins[t.base.standin].family} family's base, {name} is {t.family}"
                 )
             if t.family not in self.families:
                 raise ValueError(
@@ -317,6 +329,14 @@ class Matrix(Strict):
                 return tname
         valid = ", ".join(sorted(self.targets) + sorted(a for t in self.targets.values() for a in t.aliases))
         raise MatrixError(f"unknown target {name!r}; valid targets: {valid}")
+
+    def standin_distribution(self, key: str) -> str:
+        """The PyPI distribution of a stand-in's vLLM: its family's."""
+        return self.families[self.standins[key].family].pypi[0]
+
+    def audio_extras_of(self, name: str) -> list[str]:
+        """What a target with audio installs: vLLM's audio extra and its family's additions."""
+        return self.audio_extras + self.families[self.targets[name].family].audio_extras
 
     def standin(self, name: str) -> Standin | None:
         """The stand-in `build.py base` builds for the target's base, if it has one."""
@@ -414,7 +434,7 @@ def _location(loc: tuple) -> str:
 
 # Lists of names, where an entry given twice is a slip (a fix, feature or alias counted once),
 # never an intent; `args` and the like may repeat a value and are not here.
-NAME_LISTS = {"opt_in", "aliases", "default_features", "audio_extras", "pass_env", "cap_add", "group_add"}
+NAME_LISTS = {"opt_in", "aliases", "default_features", "audio_extras", "pypi", "pass_env", "cap_add", "group_add"}
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

@@ -67,12 +67,12 @@ def _fixes(contents: Contents, version: str) -> list[dict]:
     """Each applied fix's diff, and the upstream files it targets at their upstream sha256."""
     diffs, targets = [], {}
     for entry in contents.fixes:
-        name = entry["name"]
-        fix = contents.json(f"{PACK}/{name}/fix.json")
+        name, diff = entry["name"], contents.fix_paths(entry)[1]
+        fix = contents.fix_facts(entry)
         diffs.append(
             {
-                "name": f"patches/{name}/fix.diff",
-                "digest": {"sha256": contents.sha256(f"{PACK}/{name}/fix.diff")},
+                "name": "patches/" + diff.removeprefix(f"{PACK}/"),
+                "digest": {"sha256": contents.sha256(diff)},
                 "annotations": {"fix": name, "writtenAgainst": fix["written_against"]},
             }
         )

@@ -99,6 +99,26 @@ def fixes_table(matrix: Matrix) -> str:
         )
         cells = [fix["package"], kinds, targets, fix["why"], fix["written_against"], fix["verified"], coverage]
         rows.append(f"| `{name}` | " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    ported = [
+        (name, port, entry) for name, fix in manifests.items() if fix for port, entry in fix.get("ports", {}).items()
+    ]
+    if ported:
+        rows += [
+            "",
+            "## Ports",
+            "",
+            "A profile whose files are not the ones a fix's diff was written against applies the fix's",
+            "port, `patches/<fix>/ports/<profile>.diff`, guarded by the port's own pre_sha256",
+            "(`scripts/port-vllm-fixes.py` makes them). A fix of such a profile without a port applies",
+            "its own diff: that profile's files are byte-identical to the ones it was written against.",
+            "",
+            "| fix | profile | targets | written against | verified |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        for name, port, entry in ported:
+            targets = ", ".join(t for t, tg in matrix.targets.items() if tg.fixes and tg.fixes.profile == port)
+            cells = [port, targets or "none yet", entry["written_against"], entry["verified"]]
+            rows.append(f"| `{name}` | " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     checks = [
         (name, fix)
         for name, fix in manifests.items()

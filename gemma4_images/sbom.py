@@ -24,7 +24,7 @@ from cyclonedx.output.json import JsonV1Dot6
 from cyclonedx.schema import SchemaVersion
 from packageurl import PackageURL
 
-from .image_contents import DPKG_STATUS, PACK, RECORDS, Contents, ImageError
+from .image_contents import DPKG_STATUS, RECORDS, Contents, ImageError
 
 FIXES_LABEL = "io.gemma4-images.fixes"
 # Our keys in CycloneDX properties (name-spaced, as the spec asks of custom properties). A patch
@@ -159,10 +159,10 @@ def fix_records(contents: Contents) -> list[dict]:
     with its fix.json and diff as the image's copy of the pack holds them."""
     out = []
     for entry in contents.fixes:
-        folder = f"{PACK}/{entry['name']}"
-        if f"{folder}/fix.diff" not in contents.files or f"{folder}/fix.json" not in contents.files:
-            raise ImageError(f"{contents.ref} records fix {entry['name']} but holds no {folder}/fix.diff or fix.json")
-        out.append({**entry, "fix": contents.json(f"{folder}/fix.json"), "diff": contents.files[f"{folder}/fix.diff"]})
+        fix_json, diff = contents.fix_paths(entry)
+        if diff not in contents.files or fix_json not in contents.files:
+            raise ImageError(f"{contents.ref} records fix {entry['name']} but holds no {diff} or {fix_json}")
+        out.append({**entry, "fix": contents.fix_facts(entry), "diff": contents.files[diff]})
     return out
 
 
@@ -321,11 +321,13 @@ def disagreements(document: dict, contents: Contents) -> list[str]:
             f"the fixes disagree: SBOM patches {sbom or 'none'}, label {FIXES_LABEL} {label or 'none'}, "
             f"{RECORDS}/fixes.json {manifest or 'none'}"
         )
+    entries = {f["name"]: f for f in contents.fixes}
     for name, patch in patches_in(document).items():
-        copy = contents.files.get(f"{PACK}/{name}/fix.diff")
+        diff = contents.fix_paths(entries.get(name, {"name": name}))[1]
+        copy = contents.files.get(diff)
         recorded = {patch["sha256"], sha256_hex(patch["diff"].encode())}
         if copy is None or recorded != {sha256_hex(copy)}:
-            problems.append(f"patch {name}: its diff or sha256 is not the image's {PACK}/{name}/fix.diff")
+            problems.append(f"patch {name}: its diff or sha256 is not the image's {diff}")
     return problems
 
 

