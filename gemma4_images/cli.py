@@ -450,7 +450,10 @@ def smoke(target, image, model, tiny, report):
         click.echo(
             "\ncontainer log (last lines):\n" + "\n".join(f"  | {line}" for line in result.log_tail[-40:]), err=True
         )
-        fail(f"smoke test of {result.image} failed; report: {path}")
+        # The engine's own exception, which a 500 only points to and the last lines may have
+        # scrolled past, goes in the one line a CI summary keeps.
+        cause = f"; the server logged {result.server_errors[-1]!r}" if result.server_errors else ""
+        fail(f"smoke test of {result.image} failed{cause}; report: {path}")
     click.echo(f"all checks passed; report: {path}")
 
 

@@ -79,6 +79,7 @@ class Report:
     checks: list[Check] = field(default_factory=list)
     seconds_to_healthy: float | None = None
     log_tail: list[str] = field(default_factory=list)
+    server_errors: list[str] = field(default_factory=list)  # the exceptions its whole log names
     answers: list = field(default_factory=list)  # (exchange, question, answer) of the scripted ones
 
     @property
@@ -434,6 +435,22 @@ def answer_text(answer: dict) -> str:
 LOG_PROBLEM = re.compile(r"\bERROR\b|Traceback \(most recent call last\)|[Mm]ulti-modal warmup failed")
 
 
+# The line a Python traceback ends on ("ValueError: ...", "torch.OutOfMemoryError: ..."), wherever
+# vLLM's process prefix and log header put it: a failed check's cause on the server's side, which a
+# 500 "EngineCore encountered an issue" leaves to the log ("See stack trace (above)").
+EXCEPTION_LINE = re.compile(r"\b(?:[a-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)\b: \S.*")
+
+
+def server_errors(lines: list[str], most: int = 5) -> list[str]:
+    """The distinct exceptions a server's log names, in order, the last `most` of them."""
+    found: list[str] = []
+    for line in lines:
+        match = EXCEPTION_LINE.search(line)
+        if match and match.group(0).strip() not in found:
+            found.append(match.group(0).strip())
+    return found[-most:]
+
+
 def startup_log(lines: list[str]) -> str:
     """The server's start-up log (to its first healthy answer) has no ERROR line, no traceback and
     no failed multi-modal warm-up: each is a defect even when /health answers."""
@@ -674,4 +691,5 @@ def run_smoke(
         if container.created:
             logs = b"".join(container.get_logs()).decode(errors="replace").splitlines()
             report.log_tail = logs[-200:]
+            report.server_errors = server_errors(logs)
             container.stop()

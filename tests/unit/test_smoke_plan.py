@@ -10,3 +10,23 @@ def test_every_check_run_alone_is_a_planned_check():
     for target in M.targets:
         names = {name for name, _ in smoke.planned_checks(M, target, [], scripted=True)}
         assert smoke.ALONE <= names, (target, smoke.ALONE - names)
+
+
+def test_server_errors_names_the_engines_exception_and_nothing_else():
+    # As vLLM 0.30.0 logs an engine core that died in a step, then the API server's 500.
+    log = [
+        "(APIServer pid=1) INFO 12-04 14:55:02 [api_server.py:1012] Starting vLLM API server 0 on http://127.0.0.1:8000",
+        "(EngineCore_DP0 pid=80) ERROR 12-04 14:56:10 [core.py:1088] EngineCore encountered a fatal error.",
+        "(EngineCore_DP0 pid=80) ERROR 12-04 14:56:10 [core.py:1088] Traceback (most recent call last):",
+        '(EngineCore_DP0 pid=80) ERROR 12-04 14:56:10 [core.py:1088]   File "/opt/venv/lib/x.py", line 3, in f',
+        "(EngineCore_DP0 pid=80) ERROR 12-04 14:56:10 [core.py:1088] RuntimeError: shape '[1, 64]' is invalid",
+        "(APIServer pid=1) ERROR 12-04 14:56:10 [async_llm.py:555] vllm.v1.engine.exceptions.EngineDeadError: "
+        "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+        '(APIServer pid=1) INFO:     127.0.0.1:40000 - "POST /v1/chat/completions HTTP/1.1" 500 Internal Server Error',
+    ]
+    assert smoke.server_errors(log) == [
+        "RuntimeError: shape '[1, 64]' is invalid",
+        "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the "
+        "root cause.",
+    ]
+    assert smoke.server_errors(log[:2] + log[-1:]) == []  # a log that names no exception
