@@ -97,7 +97,9 @@ def build_target_args(m, name, monkeypatch, tmp_path) -> dict[str, str]:
     monkeypatch.setattr(images, "resolve_base", lambda client, matrix_, n, override, log: t.base.ref)
     monkeypatch.setattr(images, "local_image", lambda client, ref: Base())
     monkeypatch.setattr(images, "build", lambda client, spec, log, verbose=False: seen.update(spec=spec))
-    monkeypatch.setattr(images, "audio_wheels", lambda client, matrix_, n, base, log: tmp_path if t.audio else None)
+    monkeypatch.setattr(
+        images, "audio_wheels", lambda client, matrix_, n, base, log, extras=None: tmp_path if t.audio else None
+    )
     images.build_target(None, m, name, log=lambda line: None, context=tmp_path)
     assert seen["spec"].dockerfile == render.dockerfile_name(t.family)
     return seen["spec"].buildargs
