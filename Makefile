@@ -4,7 +4,7 @@ PY := .venv/bin/python
 PYTEST_ARGS ?= -m "not device"
 
 .DEFAULT_GOAL := help
-.PHONY: help host host-build quickstart image images base render lint lock smoke check-fixes port-fixes test list bench
+.PHONY: help host host-build quickstart image images base render lint lock smoke check-fixes port-fixes test test-fast list bench
 
 help: ## Show targets and variables
 	@echo "usage: make <target> [HW=<hardware>]"
@@ -62,6 +62,11 @@ smoke: host-build ## Smoke-test HW's built image (add SMOKE_ARGS="--tiny" for th
 
 test: host ## Run the test suite (unit + integration with a real Docker engine)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The unit tests that are quick: no Docker, no accelerator, none marked slow (pytest.ini). The
+# real-wheel checks download their wheels once per machine, then take seconds.
+test-fast: host ## The quick unit tests, for edit-test loops (no Docker; ~1 min)
+	$(PY) -m pytest -m "not integration and not device and not slow" tests/unit
 
 bench: host ## Rebuild costs, image overhead and the serving harness on the CPU image; writes BENCHMARKS.md
 	$(PY) build.py bench $(BENCH_ARGS)

@@ -14,6 +14,8 @@ import pytest
 
 from gemma4_images.tokenizer_copy import bos_tool as apply
 
+pytestmark = pytest.mark.slow  # torch or tokenizers work: `make test-fast` leaves it out
+
 ROOT = Path(__file__).resolve().parents[2]
 
 APPLY = ROOT / "patches" / "gemma4-bos-tokenizer" / "apply.py"

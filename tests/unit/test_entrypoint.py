@@ -235,6 +235,7 @@ def test_capability_problems_name_the_target_and_the_switch(m):
     assert serve.capability_problems(m.recipe("b300"), {"cuda": {"ok": True, "value": "13.0"}}) == []
 
 
+@pytest.mark.slow  # `make test-fast` leaves it out
 def test_probes_run_in_a_child_and_report_each_failure(m):
     # On this host vLLM is not installed: the vLLM probes fail one by one, the rest still answer.
     results = serve.run_probes([("transformers", None), ("tool_parser:gemma4", "gemma4"), ("cuda", None)])

@@ -207,6 +207,7 @@ def test_the_committed_random_model_is_what_the_writer_writes_today(tiny_dir):
     )
 
 
+@pytest.mark.slow  # `make test-fast` leaves it out
 def test_same_seed_same_bytes_other_seed_other_weights(tiny_dir, tmp_path):
     # Through the CLI, so the entry point is covered too.
     again = tmp_path / "again"

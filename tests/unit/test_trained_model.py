@@ -11,6 +11,8 @@ import pytest
 
 from testkit import exchanges, greedy, prompts, tiny_model, train, trained
 
+pytestmark = pytest.mark.slow  # torch or tokenizers work: `make test-fast` leaves it out
+
 
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():

@@ -16,6 +16,8 @@ from gemma4_images.matrix import ROOT
 from gemma4_images.upstream import cache_dir
 from testkit import greedy, prompts, tiny_model, train, trained
 
+pytestmark = pytest.mark.slow  # torch or tokenizers work: `make test-fast` leaves it out
+
 
 @pytest.fixture(scope="module")
 def seqs():
