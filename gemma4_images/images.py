@@ -40,8 +40,9 @@ def resolve_base(client, matrix: Matrix, name: str, override: str | None, log) -
 
 def audio_wheels(client, matrix: Matrix, name: str, base: str, log, extras: str | None = None) -> Path | None:
     """The audio extras' wheelhouse for the base's own Python and platform (None: no audio).
-    extras: what the build installs instead of the target's own (a GEMMA4_AUDIO_EXTRAS build arg)."""
-    if not matrix.targets[name].audio:
+    extras: what the build installs instead of the target's own (a GEMMA4_AUDIO_EXTRAS build arg;
+    empty: nothing)."""
+    if not matrix.targets[name].audio or extras == "":
         return None
     py = running.python_of(client, base)
     platforms = wheels.manylinux_platforms(py["machine"], py["glibc"])
