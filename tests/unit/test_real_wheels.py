@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import email.parser
+import functools
 import hashlib
 import json
 import py_compile
@@ -65,12 +66,16 @@ def requirements(whl: Path) -> list[Requirement]:
     return [Requirement(r) for r in metadata(whl).get_all("Requires-Dist") or []]
 
 
-def record_sha256(z: zipfile.ZipFile, path: str) -> str:
-    record = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/RECORD"))).decode()
-    digest = re.search(rf"^{re.escape(path)},sha256=([^,]+),", record, re.M)[1]
-    return base64.urlsafe_b64decode(digest + "=" * (-len(digest) % 4)).hex()
+@functools.cache
+def record(whl: Path) -> dict[str, str]:
+    """{path: sha256 hex} of every file the wheel's RECORD lists with a hash, read once per wheel."""
+    with zipfile.ZipFile(whl) as z:
+        text = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/RECORD"))).decode()
+    hashes = re.findall(r"^([^,\n]+),sha256=([^,]+),", text, re.M)
+    return {path: base64.urlsafe_b64decode(d + "=" * (-len(d) % 4)).hex() for path, d in hashes}
 
 
+@functools.cache
 def fix_meta(name: str) -> dict:
     return json.loads((PACK / name / "fix.json").read_text())
 
@@ -91,7 +96,7 @@ def unpack(whl: Path, root: Path, paths: list[str]) -> Path:
         for name in [*paths, "vllm/__init__.py", "vllm/_version.py", *info]:
             z.extract(name, root)
         for path in paths:
-            assert hashlib.sha256((root / path).read_bytes()).hexdigest() == record_sha256(z, path), path
+            assert hashlib.sha256((root / path).read_bytes()).hexdigest() == record(whl)[path], path
     return root
 
 
@@ -117,11 +122,10 @@ def test_each_familys_profile_applies_every_fix_to_its_real_wheel(family, tmp_pa
         all_opt_in = [n for n in profile_fixes(profile) if fix_meta(n)["opt_in"]]
         assert opt_in == sorted(all_opt_in), f"{family} targets leave out opt-in fixes of {profile}"
         root = unpack(whl, tmp_path / profile, touched(profile))
-        with zipfile.ZipFile(whl) as z:
-            for name in profile_fixes(profile):
-                meta = fix_meta(name)
-                pre = meta.get("ports", {}).get(profile, meta)["pre_sha256"]
-                assert pre == {p: record_sha256(z, p) for p in meta["files"]}, f"{name} on {whl.name}"
+        for name in profile_fixes(profile):
+            meta = fix_meta(name)
+            pre = meta.get("ports", {}).get(profile, meta)["pre_sha256"]
+            assert pre == {p: record(whl)[p] for p in meta["files"]}, f"{name} on {whl.name}"
         check = apply_all(root, profile, opt_in, "--check")
         assert check.returncode == 0, check.stdout + check.stderr
         assert [line.split()[1] for line in check.stdout.splitlines() if "would-apply" in line] == profile_fixes(
@@ -142,14 +146,17 @@ def test_each_port_is_made_on_files_that_run_vllms_code(tmp_path):
     so the bug the fix's tests show on 0.30.0 is there too (nothing upstream fixed it)."""
     for family in FAMILIES:
         whl = wheel_of(M.families[family].pypi[0])
-        for profile in profiles_of(family):
-            for name in profile_fixes(profile):
-                if profile not in fix_meta(name).get("ports", {}):
-                    continue
-                for path in fix_meta(name)["files"]:
-                    with zipfile.ZipFile(whl) as z, zipfile.ZipFile(wheel_of("vllm")) as v:
-                        theirs, ours = z.read(path), v.read(path)
-                    assert theirs != ours and pycode.same_code(theirs, ours), f"{name}: {path} of {whl.name}"
+        ported = [
+            (name, path)
+            for profile in profiles_of(family)
+            for name in profile_fixes(profile)
+            if profile in fix_meta(name).get("ports", {})
+            for path in fix_meta(name)["files"]
+        ]
+        with zipfile.ZipFile(whl) as z, zipfile.ZipFile(wheel_of("vllm")) as v:
+            for name, path in ported:
+                theirs, ours = z.read(path), v.read(path)
+                assert theirs != ours and pycode.same_code(theirs, ours), f"{name}: {path} of {whl.name}"
 
 
 def test_the_vllm_profile_refuses_the_tpu_wheel_and_names_its_port_profile(tmp_path):
