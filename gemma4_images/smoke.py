@@ -439,13 +439,16 @@ LOG_PROBLEM = re.compile(r"\bERROR\b|Traceback \(most recent call last\)|[Mm]ult
 # vLLM's process prefix and log header put it: a failed check's cause on the server's side, which a
 # 500 "EngineCore encountered an issue" leaves to the log ("See stack trace (above)").
 EXCEPTION_LINE = re.compile(r"\b(?:[a-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)\b: \S.*")
+# A record vLLM's logger writes below ERROR: advice that may quote an exception it only fears (every
+# start here warns of the fd limit with "`OSError: [Errno 24] Too many open files`").
+QUIET_RECORD = re.compile(r"\b(?:DEBUG|INFO|WARNING) \d\d-\d\d \d\d:\d\d:\d\d ")
 
 
 def server_errors(lines: list[str], most: int = 5) -> list[str]:
     """The distinct exceptions a server's log names, in order, the last `most` of them."""
     found: list[str] = []
     for line in lines:
-        match = EXCEPTION_LINE.search(line)
+        match = None if QUIET_RECORD.search(line) else EXCEPTION_LINE.search(line)
         if match and match.group(0).strip() not in found:
             found.append(match.group(0).strip())
     return found[-most:]
