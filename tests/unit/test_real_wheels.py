@@ -223,3 +223,24 @@ def test_torchaudio_comes_with_the_familys_vllm_or_its_audio_extras_at_its_torch
         torch_of(torchaudio),
         torch_of(torchvision),
     )
+
+
+SNAPSHOTS = Path(__file__).resolve().parents[3] / "shared" / "upstream"
+
+
+@pytest.mark.parametrize("archive", sorted(p.name for p in SNAPSHOTS.glob("vllm-gaudi-*.tar.gz")) or ["none"])
+def test_vllm_gaudi_adds_no_serve_argument_so_vllms_parser_checks_gaudis_launch(archive):
+    # The Gaudi launch is checked with vLLM 0.30.0's own parser (test_family_images); that is the
+    # whole of it only while vllm-gaudi adds no argument. A platform plugin adds serve arguments
+    # through Platform.pre_register_and_update(parser) (vllm/platforms/interface.py); vllm-gaudi's
+    # platform is HpuPlatform (setup.py: vllm.platform_plugins hpu = vllm_gaudi:register).
+    import ast
+    import tarfile
+
+    assert archive != "none", f"no vllm-gaudi snapshot in {SNAPSHOTS} (CI's clone sits beside ../shared)"
+    with tarfile.open(SNAPSHOTS / archive) as tar:
+        source = tar.extractfile("vllm-gaudi/vllm_gaudi/platform.py").read().decode()
+    (platform,) = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ClassDef) and n.name == "HpuPlatform"]
+    methods = {n.name for n in platform.body if isinstance(n, ast.FunctionDef)}
+    assert "check_and_update_config" in methods  # the class is read right
+    assert "pre_register_and_update" not in methods

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gemma4_images import image_contents, matrix, sbom
+from gemma4_images import image_contents, localbase, matrix, sbom
 from gemma4_images.image_contents import DPKG_STATUS, PACK, RECORDS, Contents
 
 PATCHES = matrix.ROOT / "patches"
@@ -68,6 +68,8 @@ def standin(fixes=FIXES, label=None) -> Contents:
         files=files,
         copied=["/usr/local/bin/gemma4-serve", PACK],
         python={
+            "python": "/usr/bin/python3",
+            "version": "3.11.2",
             "distributions": [
                 {
                     "name": "Jinja2",
@@ -85,7 +87,7 @@ def standin(fixes=FIXES, label=None) -> Contents:
                     "classifiers": [],
                     "packages": ["vllm"],
                 },
-            ]
+            ],
         },
         fixes=[{"name": n, "package": "vllm", "state": "applied"} for n in fixes],
     )
@@ -191,6 +193,17 @@ def test_components_base_os_files():
     }
     assert doc["metadata"]["component"]["hashes"][0]["content"] == "ab" * 32
     assert doc["metadata"]["timestamp"].startswith("2026-12-01T12:17:33.063436")
+
+
+def test_the_interpreter_is_a_component_hashed_when_its_base_recorded_one():
+    def cpython(contents):
+        return next(c for c in document(contents)["components"] if c["name"] == "cpython")
+
+    plain = cpython(standin())
+    assert plain["version"] == "3.11.2" and "hashes" not in plain  # a vendor base's: nothing recorded
+    recorded = standin()
+    recorded.labels[localbase.INTERPRETER_LABEL] = "CPython from /x, cpython.tar sha256:" + "ef" * 32
+    assert cpython(recorded)["hashes"] == [{"alg": "SHA-256", "content": "ef" * 32}]
 
 
 def test_disagreement_between_sbom_label_and_manifest_is_named():
