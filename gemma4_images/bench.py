@@ -845,6 +845,7 @@ def render_results(results: dict) -> str:
         results.get("startup"),
         results.get("load"),
         results.get("quickstart"),
+        results.get("standins"),
     )
 
 
@@ -880,7 +881,10 @@ def render(
     startup: dict | None = None,
     load: dict | None = None,
     quickstart: dict | None = None,
+    standins: dict | None = None,
 ) -> str:
+    from . import standin_bench
+
     out = [
         "# Benchmarks",
         "",
@@ -944,6 +948,8 @@ def render(
         ]
     if quickstart:
         out += quickstart_section(quickstart)
+    if standins:
+        out += standin_bench.section(standins)
     if startup:
         out += startup_section(startup)
     if load:
@@ -1018,6 +1024,7 @@ def main(
     startup: bool = True,
     load: bool = True,
     quickstart: bool = False,
+    standins: bool = False,
 ) -> dict:
     from .docker_build import connect
 
@@ -1050,6 +1057,12 @@ def main(
         t = time.monotonic()
         results["quickstart"] = quickstart_time.measure(log)
         timings["quick start, cold then warm"] = time.monotonic() - t
+    if standins:
+        from . import standin_bench
+
+        t = time.monotonic()
+        results["standins"] = standin_bench.measure(client, m, log, str(tiny_model.ensure()))
+        timings["stand-ins, no-cache base and image builds"] = time.monotonic() - t
     timings["cpu"] = f"{__import__('os').cpu_count()} cores"
     RESULTS.write_text(json.dumps(results, indent=2, default=str) + "\n")
     out.write_text(render_results(json.loads(RESULTS.read_text())))

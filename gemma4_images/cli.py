@@ -612,7 +612,12 @@ def inspect(image):
     is_flag=True,
     help="Also time `make quickstart` cold and warm: a fresh clone, a second Docker daemon, empty caches (~10 min).",
 )
-def bench_cmd(skip_build, skip_serving, skip_startup, skip_load, with_base, quickstart):
+@click.option(
+    "--standins",
+    is_flag=True,
+    help="Also build each stand-in base and one image on it with no cache, under throwaway tags (~15 min).",
+)
+def bench_cmd(skip_build, skip_serving, skip_startup, skip_load, with_base, quickstart, standins):
     """Cold/no-change/one-patch/one-entrypoint-line rebuilds, image overhead, gemma4-bench in the CPU
     image with the tiny model, and start-up time against bare vllm serve; regenerates BENCHMARKS.md
     (the parts not run keep their last figures, from benchmarks.json)."""
@@ -627,6 +632,7 @@ def bench_cmd(skip_build, skip_serving, skip_startup, skip_load, with_base, quic
             startup=not skip_startup,
             load=not skip_load,
             quickstart=quickstart,
+            standins=standins,
         )
     except RuntimeError as e:  # a benchmark that could not measure what it set out to
         fail(str(e))

@@ -14,8 +14,8 @@ from .sbom import PROP, engine_time, oci_purl
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
 # What `build.py build` is, as SLSA's buildType: a URI naming how to read the parameters below
-# (the README's "SBOM and provenance" section describes it).
-BUILD_TYPE_PATH = "/blob/main/README.md#sbom-and-provenance"
+# (docs/publish.md, "SBOM and provenance", describes it).
+BUILD_TYPE_PATH = "/blob/main/docs/publish.md#sbom-and-provenance"
 BOS_RECORD = "gemma4-bos.json"  # the BOS tokenizer copy's record (patches/gemma4-bos-tokenizer)
 
 
