@@ -613,7 +613,8 @@ def time_to_health(
 ) -> float:
     """Seconds from `docker run` to the first 200 on /health; the container is always removed.
     files: host path -> path under WORKDIR, mounted read-only (what the image would have copied)."""
-    from .smoke import free_port, http
+    from .server import free_port
+    from .smoke import http
 
     port = free_port()
     start = time.monotonic()
@@ -686,7 +687,7 @@ def load_bench(client, log, m: matrix.Matrix, image: str | None = None, rounds: 
     """The recipe's 64 concurrent streams plus 16 plain requests against one server, `rounds` times,
     against a single request measured in the same run; then hang-ups and a stop during traffic."""
     from . import running, traffic
-    from .smoke import free_port, wait_healthy
+    from .server import free_port, wait_healthy
 
     model, port = trained.ensure(), free_port()
     url, served = f"http://127.0.0.1:{port}", m.project.model

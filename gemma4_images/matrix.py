@@ -88,6 +88,9 @@ class Family(Strict):
     # The PyPI distributions carrying this family's vLLM at project.vllm_version, its vLLM first.
     pypi: list[str]
     audio_extras: list[str] = []  # added to Matrix.audio_extras for this family's targets
+    # Set for the build's self-check only (it runs on the build host, with no device): not in the
+    # image, whose device and platform are the ones it is deployed on.
+    self_check_env: dict[str, str] = {}
 
 
 class Standin(Strict):
@@ -181,7 +184,7 @@ class Smoke(Strict):
     shm_size: str | None = None
     user: str | None = None
     # Where torch inductor keeps what it compiles in the container (its default cache folder for the
-    # smoke's user), kept on this machine between smoke runs (smoke.compile_cache_dir): compiled
+    # smoke's user), kept on this machine between smoke runs (server.compile_cache_dir): compiled
     # once per machine, not once per container, with nothing else about the run changed.
     compile_cache: str | None = None
 

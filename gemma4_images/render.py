@@ -40,6 +40,7 @@ def render_all(matrix: Matrix) -> dict[str, str]:
             targets=names,
             default_base=targets[0].base.ref,
             env=matrix.families[family].env,
+            self_check_env=matrix.families[family].self_check_env,
             start_period=max(t.startup_budget_s for t in targets),
             # GEMMA4_TARGET is declared earlier, where the recipe file is chosen.
             build_args=[a for a in BUILD_FACTS.values() if a != "GEMMA4_TARGET"],

@@ -5,12 +5,8 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import re
 import shlex
-import shutil
-import socket
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -18,20 +14,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-# testcontainers reads these at import: Ryuk (its reaper) cannot be pulled here, and with host
-# networking its host lookup must be loopback. Containers are removed by our own `finally`, and
-# their owner label lets the next run remove any a SIGKILL left (owned.py).
-os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
-os.environ.setdefault("TC_HOST", "127.0.0.1")
-
-from testcontainers.core.container import DockerContainer  # noqa: E402
-
-from . import owned, running, upstream  # noqa: E402
-from .facts import BUILD_FACTS  # noqa: E402
-from .image_code import gemma4_serve  # noqa: E402
-from .image_contents import RECORDS, read_paths  # noqa: E402
-from .matrix import Matrix, model_path  # noqa: E402
-from .sampling_checks import SamplingChecks, Skipped  # noqa: E402
+from . import server
+from .facts import BUILD_FACTS
+from .image_code import gemma4_serve
+from .image_contents import RECORDS, read_paths
+from .matrix import Matrix
+from .sampling_checks import SamplingChecks, Skipped
 
 TOOL = {
     "type": "function",
@@ -41,25 +29,6 @@ TOOL = {
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
     },
 }
-
-
-class LoopbackContainer(DockerContainer):
-    """A container on the host network: its server is at 127.0.0.1 on the port it binds, labelled
-    with its owner (owned.py) so that a run stopped before its `finally` leaves no stray for long."""
-
-    def __init__(self, image: str, labels: dict[str, str] | None = None, **kw):
-        super().__init__(image, labels={**(labels or {}), **owned.labels()}, **kw)
-
-    def get_container_host_ip(self) -> str:
-        return "127.0.0.1"
-
-    def get_exposed_port(self, port) -> int:
-        return int(port)
-
-    @property
-    def created(self) -> bool:
-        """The engine made the container (start() can fail before that)."""
-        return self._container is not None
 
 
 @dataclass
@@ -101,12 +70,6 @@ class CheckFailed(AssertionError):
 
 
 # -- plumbing ------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http(method: str, url: str, body=None, raw: bytes | None = None, timeout=120) -> tuple[int, object]:
@@ -517,103 +480,6 @@ def planned_checks(matrix: Matrix, target: str, launch: list[str], scripted: boo
 # -- the run -------------------------------------------------------------------------------------
 
 
-def _container(
-    matrix: Matrix,
-    target: str,
-    image: str,
-    model: str | None,
-    port: int,
-    extra_args: list[str] = (),
-    network_mode: str = "host",
-    keep_compiles: bool = True,
-    image_id: str | None = None,
-):
-    """The container as targets.yaml says to run it, bound to 127.0.0.1:port, plus the model.
-    network_mode "none": no network at all, reached through `docker exec` (the model-image proof).
-    keep_compiles False: no host folder for the compile cache either (nothing of the host mounted).
-    image_id: the image's id when the caller has it already (else looked up for the cache)."""
-    t = matrix.targets[target]
-    kw = running.sdk_kwargs(t.run)
-    env = {**kw.pop("environment"), **t.smoke.env}
-    args = [*t.smoke.args, "--host", "127.0.0.1", "--port", str(port), *extra_args]
-    if t.smoke.shm_size:
-        kw["shm_size"] = t.smoke.shm_size
-    if t.smoke.user:
-        kw["user"] = t.smoke.user
-    container = LoopbackContainer(image, network_mode=network_mode, **kw)
-    keep = keep_compiles and t.smoke.compile_cache
-    cache = compile_cache_dir(target, image_id or _image_id(image), t.smoke.user) if keep else None
-    if cache:
-        container.with_volume_mapping(str(cache), t.smoke.compile_cache, "rw")
-    served = matrix.project.model
-    if model and Path(model).exists():
-        mount = model_path(Path(model).name)
-        container.with_volume_mapping(str(Path(model).resolve()), mount, "ro")
-        env["GEMMA4_MODEL"] = mount
-        args += ["--served-model-name", served]
-    elif model:
-        env["GEMMA4_MODEL"] = served = model
-        if os.environ.get("HF_TOKEN"):
-            env["HF_TOKEN"] = os.environ["HF_TOKEN"]  # the container's env only, never an image's
-    for key, value in env.items():
-        container.with_env(key, value)
-    return container.with_command(args), served, args
-
-
-KEPT_COMPILE_CACHES = 8  # per target: the images smoked most recently on this machine
-
-
-def _image_id(image: str) -> str:
-    import docker
-
-    return docker.from_env().images.get(image).id
-
-
-def compile_cache_dir(target: str, image_id: str, user: str | None) -> Path | None:
-    """This machine's torch inductor cache for one image's smoke runs, writable by the smoke's
-    user. One folder per image id: inductor's own keys (graph, torch's version and config, thread
-    count) say nothing of the image's compiler or headers, so a changed image compiles once for
-    itself (and fails the smoke if it cannot), while the same image run again finds its compile
-    done. The parent is root's alone (0700), so no host user, uid 2000 included, reaches the
-    folders the containers load compiled code from. None (no cache, a note) when this host user
-    cannot give the folder to the container's user."""
-    parent = upstream.cache_dir() / "smoke-compile" / target
-    parent.mkdir(parents=True, exist_ok=True)
-    parent.chmod(0o700)
-    path = parent / image_id.removeprefix("sha256:")[:16]
-    path.mkdir(exist_ok=True)
-    os.utime(path)  # most recently used first, when the oldest go
-    for old in sorted(parent.iterdir(), key=lambda p: p.stat().st_mtime, reverse=True)[KEPT_COMPILE_CACHES:]:
-        shutil.rmtree(old, ignore_errors=True)
-    if user is None:  # the container's root writes there as it is
-        return path
-    try:
-        if path.stat().st_uid != int(user):
-            os.chown(path, int(user), -1)
-    except (ValueError, PermissionError) as e:
-        print(f"note: {path} cannot be given to user {user} ({e}): no compile cache", file=sys.stderr)
-        return None
-    return path
-
-
-def wait_healthy(wrapped, url: str, budget: float) -> float:
-    """Seconds until url/health answers 200 from the (docker-py) container, or CheckFailed."""
-    start = time.monotonic()
-    while time.monotonic() - start < budget:
-        wrapped.reload()
-        if wrapped.status not in ("created", "running"):
-            raise CheckFailed(
-                f"the container exited ({wrapped.attrs['State'].get('ExitCode')}) before /health answered"
-            )
-        try:
-            if http("GET", url + "/health", timeout=5)[0] == 200:
-                return time.monotonic() - start
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise CheckFailed(f"/health did not answer 200 within the startup budget of {budget:.0f}s")
-
-
 # The checks run CONCURRENT_CHECKS at a time (measured on 2 cores, warm: 13.5 s one by one, 10.1 s
 # four at a time, 11.0 s eight: the API server's own work is the limit), except those in ALONE,
 # run one by one afterwards: each compares the answers of separate requests, which on real
@@ -633,66 +499,61 @@ def run_smoke(
 ) -> Report:
     """Start image, run every check that applies to target, always remove the container."""
     image = image or matrix.tag(target)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
     image_id = client.images.get(image).id
-    container, served, args = _container(matrix, target, image, model, port, image_id=image_id)
     report = Report(target=target, image=image, model=model or matrix.project.model, image_id=image_id)
-    log(f"starting {image} on 127.0.0.1:{port}")
+    log(f"starting {image} on 127.0.0.1")
     try:
-        container.start()
-        try:
-            report.seconds_to_healthy = round(
-                wait_healthy(container.get_wrapped_container(), url, matrix.targets[target].startup_budget_s), 1
-            )
-            log(f"healthy after {report.seconds_to_healthy}s")
-        except CheckFailed as e:
-            report.checks.append(Check("ready", "fail", str(e)))
-            return report
-        started = b"".join(container.get_logs()).decode(errors="replace").splitlines()
-        # What the container runs: the recipe's launch as the entrypoint composes it, plus ours.
-        printed = container.exec(["gemma4-serve", "--print-command", *args]).output.decode()
-        for line in printed.strip().splitlines():  # the launch, after any `export` the entrypoint adds
-            log(f"serving: {line}")
-        launch = shlex.split(printed)
-        checks = Checks(url, served, launch, script)
-        special = {
-            "image_facts": lambda: image_facts(client, matrix, target, image),
-            "startup_log": lambda: startup_log(started),
-        }
+        with server.serve(matrix, target, image, model, image_id=image_id) as srv:
+            report.seconds_to_healthy = round(srv.seconds_to_healthy, 1)
+            log(f"healthy after {report.seconds_to_healthy}s at {srv.url}")
+            _run_checks(client, matrix, target, image, script, srv, report, log)
+        logs = srv.final_log
+    except server.NotHealthy as e:
+        report.checks.append(Check("ready", "fail", str(e)))
+        logs = e.log
+    report.log_tail = logs[-200:]
+    report.server_errors = server_errors(logs)
+    return report
 
-        def run(name: str) -> Check:
-            start = time.monotonic()
-            try:
-                detail = special[name]() if name in special else getattr(checks, name)()
-                check = Check(name, "pass", detail or "")
-            except Skipped as e:
-                check = Check(name, "skip", str(e))
-            except (CheckFailed, OSError, KeyError, ValueError) as e:
-                check = Check(name, "fail", f"{type(e).__name__}: {e}" if not isinstance(e, CheckFailed) else str(e))
-            check.seconds = round(time.monotonic() - start, 1)
-            return check
 
-        plan = planned_checks(matrix, target, launch, bool(script))
-        done = {name: Check(name, "skip", skip) for name, skip in plan if skip}
-        together = [name for name, skip in plan if not skip and name not in ALONE]
-        pool = ThreadPoolExecutor(CONCURRENT_CHECKS)
+def _run_checks(client, matrix, target, image, script, srv, report, log) -> None:
+    started = srv.log()
+    # What the container runs: the recipe's launch as the entrypoint composes it, plus ours.
+    printed = srv.launch()
+    for line in printed.strip().splitlines():  # the launch, after any `export` the entrypoint adds
+        log(f"serving: {line}")
+    launch = shlex.split(printed)
+    checks = Checks(srv.url, srv.served, launch, script)
+    special = {
+        "image_facts": lambda: image_facts(client, matrix, target, image),
+        "startup_log": lambda: startup_log(started),
+    }
+
+    def run(name: str) -> Check:
+        start = time.monotonic()
         try:
-            done.update(zip(together, pool.map(run, together)))
-        finally:
-            # Stopped by a signal: do not wait here for the checks in flight (up to a request
-            # timeout each); the container goes next, in the `finally` below, and they end with
-            # it (the interpreter still joins their threads at exit, after that).
-            pool.shutdown(wait=False, cancel_futures=True)
-        done.update((name, run(name)) for name, skip in plan if not skip and name in ALONE)
-        for name, _ in plan:
-            report.checks.append(done[name])
-            log(f"  {name}: {done[name].status}")
-        report.answers = checks.answers
-        return report
+            detail = special[name]() if name in special else getattr(checks, name)()
+            check = Check(name, "pass", detail or "")
+        except Skipped as e:
+            check = Check(name, "skip", str(e))
+        except (CheckFailed, OSError, KeyError, ValueError) as e:
+            check = Check(name, "fail", f"{type(e).__name__}: {e}" if not isinstance(e, CheckFailed) else str(e))
+        check.seconds = round(time.monotonic() - start, 1)
+        return check
+
+    plan = planned_checks(matrix, target, launch, bool(script))
+    done = {name: Check(name, "skip", skip) for name, skip in plan if skip}
+    together = [name for name, skip in plan if not skip and name not in ALONE]
+    pool = ThreadPoolExecutor(CONCURRENT_CHECKS)
+    try:
+        done.update(zip(together, pool.map(run, together)))
     finally:
-        if container.created:
-            logs = b"".join(container.get_logs()).decode(errors="replace").splitlines()
-            report.log_tail = logs[-200:]
-            report.server_errors = server_errors(logs)
-            container.stop()
+        # Stopped by a signal: do not wait here for the checks in flight (up to a request
+        # timeout each); the container goes next, as serve() ends, and they end with
+        # it (the interpreter still joins their threads at exit, after that).
+        pool.shutdown(wait=False, cancel_futures=True)
+    done.update((name, run(name)) for name, skip in plan if not skip and name in ALONE)
+    for name, _ in plan:
+        report.checks.append(done[name])
+        log(f"  {name}: {done[name].status}")
+    report.answers = checks.answers

@@ -183,6 +183,17 @@ OFFLINE_ENV = {"HF_HUB_OFFLINE": "1"}
 OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 
 
+# vLLM reports each server it starts (hardware, model architecture, launch options) to
+# stats.vllm.ai unless one of these is set (vllm/usage/usage_lib.py, is_usage_stats_enabled;
+# vllm/envs.py reads each as "1" or not): these images send nothing out of their own accord, so
+# the entrypoint turns it off unless the user chose (VLLM_NO_USAGE_STATS=0 turns it back on).
+USAGE_STATS_VARS = ("VLLM_NO_USAGE_STATS", "VLLM_DO_NOT_TRACK", "DO_NOT_TRACK")
+
+
+def usage_stats_env(env: dict) -> dict:
+    return {} if any(var in env for var in USAGE_STATS_VARS) else {"VLLM_NO_USAGE_STATS": "1"}
+
+
 def is_local(ref: str) -> bool:
     """A path inside the container rather than a hub id (OWNER/NAME is both; it counts as a path
     only when such a folder exists)."""
@@ -763,8 +774,15 @@ def main(argv: list[str]) -> int:
             f"gemma4-serve: {' '.join(f'{k}={v}' for k, v in offline.items())}: the model is a local path",
             file=sys.stderr,
         )
+    quiet = usage_stats_env(env)
+    if quiet:
+        print(
+            "gemma4-serve: VLLM_NO_USAGE_STATS=1: vLLM's usage report to stats.vllm.ai is off "
+            "(VLLM_NO_USAGE_STATS=0 turns it on)",
+            file=sys.stderr,
+        )
     sys.stdout.flush()
-    os.environ.update({**non_root_env(dict(os.environ)), **offline})
+    os.environ.update({**non_root_env(dict(os.environ)), **offline, **quiet})
     seed_model_info(dict(os.environ))
     os.execvp(cmd[0], cmd)
     return 127

@@ -21,7 +21,7 @@ from docker.errors import NotFound
 from local_registry import start_registry, stop_registry
 from test_no_secrets import places_holding
 
-from gemma4_images import matrix, model_image, registry, smoke
+from gemma4_images import matrix, model_image, registry, server, smoke
 from testkit import exchanges, trained
 from testkit.exec_forward import ExecForward
 
@@ -29,7 +29,6 @@ pytestmark = pytest.mark.integration
 
 MODEL_TAG = "gemma4-e2b-test/model:tiny"
 VOLUME = "gemma4-e2b-test-model-tiny"
-SERVE_PORT = 8000  # inside the container's own network namespace: nothing else is there
 
 
 def build_py(*args, env=None, cwd=matrix.ROOT):
@@ -74,63 +73,72 @@ def test_model_image_holds_only_the_model_files(client, tiny_image):
 
 def test_cpu_tier_serves_the_model_image_with_no_network(client, m, cpu_image, tiny_image, no_new_containers):
     volume = model_image.docker_volume(client, tiny_image.ref, VOLUME)
-    container, served, args = smoke._container(
-        m,
-        "xeon6",
-        cpu_image,
-        None,
-        SERVE_PORT,
-        extra_args=["--served-model-name", m.project.model],
-        network_mode="none",
-        keep_compiles=False,
+    mount = lambda c: c.with_volume_mapping(volume, model_image.MODELS_ROOT, "ro").with_env(  # noqa: E731
+        "GEMMA4_MODEL", tiny_image.path
     )
-    container.with_volume_mapping(volume, model_image.MODELS_ROOT, "ro").with_env("GEMMA4_MODEL", tiny_image.path)
     try:
-        container.start()
-        wrapped = container.get_wrapped_container()
-        wrapped.reload()
-        assert wrapped.attrs["HostConfig"]["NetworkMode"] == "none"
-        # The model comes from the image's volume alone: no folder of this host is mounted.
-        assert [(v["Type"], v["Destination"], v["RW"]) for v in wrapped.attrs["Mounts"]] == [
-            ("volume", model_image.MODELS_ROOT, False)
-        ]
-        # Nothing outside the container can be reached from inside it: not the hub, not this host.
-        probe = container.exec(
-            ["python3", "-c", "import socket; socket.create_connection(('huggingface.co', 443), timeout=5)"]
-        )
-        assert probe.exit_code != 0 and b"gaierror" in probe.output, probe.output[-300:]
-        with ExecForward(wrapped.id, SERVE_PORT) as forward:
-            seconds = smoke.wait_healthy(wrapped, forward.url, m.targets["xeon6"].startup_budget_s)
-            print(f"healthy after {seconds:.1f}s with --network none")
-            started = b"".join(container.get_logs()).decode(errors="replace").splitlines()
-            printed = container.exec(["gemma4-serve", "--print-command", *args]).output.decode().strip().splitlines()
-            # The entrypoint put the hub client offline, says so, and vLLM runs with it.
-            assert printed[0].startswith("export HF_HUB_OFFLINE=1"), printed
-            environ = container.exec(["cat", "/proc/1/environ"]).output.split(b"\0")
-            assert b"HF_HUB_OFFLINE=1" in environ
-            launch = shlex.split(printed[-1])
-            assert tiny_image.path in launch
-            checks = smoke.Checks(forward.url, served, launch, exchanges.EXCHANGES)
-            special = {
-                "image_facts": lambda: smoke.image_facts(client, m, "xeon6", cpu_image),
-                "startup_log": lambda: smoke.startup_log(started),
-            }
-            results = {}
-            for name, skip in smoke.planned_checks(m, "xeon6", launch, True):
-                if skip:
-                    results[name] = f"skipped: {skip}"
-                    continue
-                try:
-                    (special.get(name) or getattr(checks, name))()
-                    results[name] = "pass"
-                except smoke.CheckFailed as e:
-                    results[name] = f"fail: {e}"
-            assert results == {name: "pass" for name in results}, results
-            assert [a[2] for a in checks.answers if a[0] == "chat"] == ["Paris."]
+        # Not waited on by serve(): with no network, /health is reached through `docker exec` below.
+        with server.serve(
+            m,
+            "xeon6",
+            cpu_image,
+            extra_args=["--served-model-name", m.project.model],
+            network_mode="none",
+            keep_compiles=False,
+            wait=False,
+            customize=mount,
+        ) as srv:
+            _serves_with_no_network(client, m, cpu_image, tiny_image, srv)
     finally:
-        if container.created:
-            container.stop()
         client.volumes.get(volume).remove(force=True)
+
+
+def _serves_with_no_network(client, m, cpu_image, tiny_image, srv):
+    wrapped = srv.container
+    wrapped.reload()
+    assert wrapped.attrs["HostConfig"]["NetworkMode"] == "none"
+    # The model comes from the image's volume alone: no folder of this host is mounted.
+    assert [(v["Type"], v["Destination"], v["RW"]) for v in wrapped.attrs["Mounts"]] == [
+        ("volume", model_image.MODELS_ROOT, False)
+    ]
+    # Nothing outside the container can be reached from inside it: not the hub, not this host.
+    probe = wrapped.exec_run(
+        ["python3", "-c", "import socket; socket.create_connection(('huggingface.co', 443), timeout=5)"]
+    )
+    assert probe.exit_code != 0 and b"gaierror" in probe.output, probe.output[-300:]
+    with ExecForward(wrapped.id, srv.port) as forward:
+        seconds = server.wait_healthy(wrapped, forward.url, m.targets["xeon6"].startup_budget_s)
+        print(f"healthy after {seconds:.1f}s with --network none")
+        started = srv.log()
+        printed = srv.launch().strip().splitlines()
+        # The entrypoint put the hub client offline, says so, and vLLM runs with it.
+        assert printed[0].startswith("export HF_HUB_OFFLINE=1"), printed
+        environ = wrapped.exec_run(["cat", "/proc/1/environ"]).output.split(b"\0")
+        assert b"HF_HUB_OFFLINE=1" in environ
+        launch = shlex.split(printed[-1])
+        assert tiny_image.path in launch
+        checks = smoke.Checks(forward.url, srv.served, launch, exchanges.EXCHANGES)
+        special = {
+            "image_facts": lambda: smoke.image_facts(client, m, "xeon6", cpu_image),
+            "startup_log": lambda: smoke.startup_log(started),
+        }
+        results = {}
+        for name, skip in smoke.planned_checks(m, "xeon6", launch, True):
+            if skip:
+                results[name] = f"skipped: {skip}"
+                continue
+            try:
+                (special.get(name) or getattr(checks, name))()
+                results[name] = "pass"
+            except smoke.CheckFailed as e:
+                results[name] = f"fail: {e}"
+        assert results == {name: "pass" for name in results}, results
+        assert [a[2] for a in checks.answers if a[0] == "chat"] == ["Paris."]
+        # vLLM's usage report is off (the entrypoint's default): vLLM writes usage_stats.json under
+        # its config root before it sends a report (vllm/usage/usage_lib.py), and wrote none.
+        assert b"VLLM_NO_USAGE_STATS=1" in environ
+        found = wrapped.exec_run(["find", "/", "-xdev", "-name", "usage_stats.json"]).output.decode()
+        assert found.strip() == "", found
 
 
 def test_model_image_cli_builds_tags_by_content_and_pushes_with_a_digest(client, tmp_path):

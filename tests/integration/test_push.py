@@ -14,7 +14,8 @@ from local_registry import start_registry, stop_registry
 
 from gemma4_images import publish
 from gemma4_images.docker_build import BuildSpec, build
-from gemma4_images.smoke import Check, Report, free_port
+from gemma4_images.server import free_port
+from gemma4_images.smoke import Check, Report
 
 pytestmark = pytest.mark.integration
 TEST_IMAGE = "gemma4-e2b-test/push:roundtrip"

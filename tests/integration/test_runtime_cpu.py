@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 import yaml
 
-from gemma4_images import k8s, running, smoke, traffic
+from gemma4_images import k8s, running, server, smoke, traffic
 from testkit import tiny_model
 from tests import stuck_engine
 
@@ -33,12 +33,12 @@ def locked(client, m, cpu_image):
     pod_sc, sc = spec["securityContext"], c["securityContext"]
     shm = next(v for v in spec["volumes"] if v["name"] == "dshm")["emptyDir"]["sizeLimit"]
     env = {e["name"]: e["value"] for e in c["env"] if "value" in e}
-    port = smoke.free_port()
+    port = server.free_port()
     cache = tempfile.mkdtemp()
     # What fsGroup does to the volume: group-owned by the pod's fsGroup, group-writable.
     os.chown(cache, 0, pod_sc["fsGroup"])
     os.chmod(cache, 0o2775)
-    container = smoke.LoopbackContainer(
+    container = server.LoopbackContainer(
         cpu_image,
         network_mode="host",
         user=str(pod_sc["runAsUser"]),
@@ -65,7 +65,7 @@ def locked(client, m, cpu_image):
         container.start()
         wrapped = container.get_wrapped_container()
         ready_before = wrapped.exec_run(c["readinessProbe"]["exec"]["command"]).exit_code
-        smoke.wait_healthy(wrapped, url, m.targets["xeon6"].startup_budget_s)
+        server.wait_healthy(wrapped, url, m.targets["xeon6"].startup_budget_s)
         yield wrapped, url, c, ready_before
     finally:
         container.stop()
@@ -145,7 +145,7 @@ def test_engine_death_stops_health_and_the_container(locked):
 def test_docker_stop_during_traffic_exits_cleanly_within_the_timeout(locked):
     wrapped, url = locked[:2]
     wrapped.start()  # the same container again, after the engine-death test
-    smoke.wait_healthy(wrapped, url, 600)
+    server.wait_healthy(wrapped, url, 600)
     timing, load = stuck_engine.stop_with_engine_stuck(wrapped, url, MODEL, 6, 2, STOP_TIMEOUT)
     assert stuck_engine.unclean_stop(wrapped, timing, load, STOP_TIMEOUT) == []
     print(f"docker stop during traffic: {timing['stop_s']:.1f} s, exit 0")

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from gemma4_images import matrix, smoke, wheels
+from gemma4_images import matrix, server, smoke, wheels
 from testkit import exchanges, tiny_model, trained
 from tests import stuck_engine
 
@@ -27,7 +27,7 @@ def test_cpu_smoke_tier_passes(m, cpu_image, tmp_path, no_new_containers):
     report_path = tmp_path / "smoke.json"
     # Emptied first, so what is in it afterwards is what this run's server compiled: the folder
     # targets.yaml names is where inductor writes in the container (a wrong one stays empty).
-    kept = smoke.compile_cache_dir("xeon6", smoke._image_id(cpu_image), m.targets["xeon6"].smoke.user)
+    kept = server.compile_cache_dir("xeon6", server._image_id(cpu_image), m.targets["xeon6"].smoke.user)
     if kept:  # None: this host user cannot give it to the smoke's uid, and the smoke runs without
         shutil.rmtree(kept)
     r = build_py("smoke", "cpu", "--tiny", "--report", str(report_path))
@@ -140,23 +140,26 @@ def plain_server(client, m, unfixed_image, tmp_path_factory):
     recipe.write_text(json.dumps({**m.recipe("xeon6"), "audio": False}))
     for path in (scratch, tokenizer, *tokenizer.iterdir(), recipe):
         path.chmod(0o755 if path.is_dir() else 0o644)  # the server runs as uid 2000
-    port = smoke.free_port()
-    container, served, args = smoke._container(
-        m, "xeon6", image, str(model), port, extra_args=["--tokenizer", "/opt/plain/tokenizer"]
-    )
-    container.with_volume_mapping(str(scratch), "/opt/plain", "ro").with_env("GEMMA4_RECIPE", "/opt/plain/recipe.json")
-    for host, inside in sabotaged_files(client, image, scratch).items():
-        container.with_volume_mapping(host, inside, "ro")
-    container.with_volume_mapping(str(newer_transformers(scratch)), f"{SITE}/transformers", "ro")
-    try:
-        container.start()
-        smoke.wait_healthy(container.get_wrapped_container(), f"http://127.0.0.1:{port}", 600)
-        launch = shlex.split(container.exec(["gemma4-serve", "--print-command", *args]).output.decode())
-        log = b"".join(container.get_logs()).decode(errors="replace").splitlines()
-        checks = smoke.Checks(f"http://127.0.0.1:{port}", served, launch, exchanges.EXCHANGES)
-        yield SimpleNamespace(checks=checks, launch=launch, log=log, container=container.get_wrapped_container())
-    finally:
-        container.stop()
+
+    def customize(container):
+        container.with_volume_mapping(str(scratch), "/opt/plain", "ro")
+        container.with_env("GEMMA4_RECIPE", "/opt/plain/recipe.json")
+        for host, inside in sabotaged_files(client, image, scratch).items():
+            container.with_volume_mapping(host, inside, "ro")
+        container.with_volume_mapping(str(newer_transformers(scratch)), f"{SITE}/transformers", "ro")
+
+    with server.serve(
+        m,
+        "xeon6",
+        image,
+        str(model),
+        extra_args=["--tokenizer", "/opt/plain/tokenizer"],
+        budget=600,
+        customize=customize,
+    ) as srv:
+        launch = shlex.split(srv.launch())
+        checks = smoke.Checks(srv.url, srv.served, launch, exchanges.EXCHANGES)
+        yield SimpleNamespace(checks=checks, launch=launch, log=srv.log(), container=srv.container)
 
 
 def test_raw_prompt_bos_check_fails_without_the_bos_tokenizer(plain_server):

@@ -14,7 +14,7 @@ import json
 import pytest
 from docker.errors import NotFound
 
-from gemma4_images import smoke
+from gemma4_images import server, smoke
 from testkit import exchanges, prompts, trained
 
 pytestmark = pytest.mark.integration
@@ -25,28 +25,18 @@ VARIANTS = {"recipe": [], "no_fast_prefill": ["--no-kv-sharing-fast-prefill"]}
 
 def serve_and_ask(client, m, image, extra_args) -> dict:
     """Every exchange's response from one server; the container is always removed."""
-    folder = trained.ensure()
-    port = smoke.free_port()
-    url = f"http://127.0.0.1:{port}"
-    container, served, _ = smoke._container(m, TARGET, image, str(folder), port, extra_args=extra_args)
-    container.start()
-    container_id = container.get_wrapped_container().id
     try:
-        try:
-            smoke.wait_healthy(container.get_wrapped_container(), url, m.targets[TARGET].startup_budget_s)
-        except smoke.CheckFailed as e:
-            tail = b"".join(container.get_logs()).decode(errors="replace").splitlines()[-40:]
-            pytest.fail(f"{e}\n" + "\n".join(tail))
-        answers = {
-            ex.name: smoke.http("POST", url + ex.path, {**ex.body(served), "return_token_ids": True})
-            for ex in exchanges.EXCHANGES
-        }
-        log = b"".join(container.get_logs()).decode(errors="replace")
-        return {"answers": answers, "log": log}
-    finally:
-        container.stop()
-        with pytest.raises(NotFound):
-            client.containers.get(container_id)
+        with server.serve(m, TARGET, image, str(trained.ensure()), extra_args=extra_args) as srv:
+            answers = {
+                ex.name: smoke.http("POST", srv.url + ex.path, {**ex.body(srv.served), "return_token_ids": True})
+                for ex in exchanges.EXCHANGES
+            }
+            log = "\n".join(srv.log())
+    except server.NotHealthy as e:
+        pytest.fail(f"{e}\n" + "\n".join(e.log[-40:]))
+    with pytest.raises(NotFound):
+        client.containers.get(srv.container.id)
+    return {"answers": answers, "log": log}
 
 
 @pytest.fixture(scope="module")

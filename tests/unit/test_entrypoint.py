@@ -282,7 +282,8 @@ def test_write_build_info_without_a_path_is_a_usage_error(m, tmp_path, monkeypat
 def serve_env(tmp_path, monkeypatch, recipe, env, argv=()):
     """The environment the entrypoint hands to vLLM (os.execvp stubbed: nothing is started)."""
     seen = {}
-    monkeypatch.setattr(serve.os, "environ", {k: v for k, v in serve.os.environ.items() if k not in serve.OFFLINE_VARS})
+    left_out = (*serve.OFFLINE_VARS, *serve.USAGE_STATS_VARS)
+    monkeypatch.setattr(serve.os, "environ", {k: v for k, v in serve.os.environ.items() if k not in left_out})
     monkeypatch.setattr(serve, "PORT_FILE", str(tmp_path / "port"))
     monkeypatch.setattr(serve, "SERVED_FILE", str(tmp_path / "served"))
     monkeypatch.setattr(serve.os, "execvp", lambda exe, cmd: seen.update(env=dict(serve.os.environ), cmd=cmd))
@@ -318,6 +319,14 @@ def test_offline_is_not_set_when_the_launch_needs_the_hub_or_the_user_chose(m, t
     assert "HF_HUB_OFFLINE" not in env
     env = serve_env(tmp_path, monkeypatch, m.recipe("xeon6"), {**local, "HF_HUB_OFFLINE": "0"})
     assert env["HF_HUB_OFFLINE"] == "0"
+
+
+def test_vllms_usage_report_is_off_unless_the_user_chose(m, tmp_path, monkeypatch, capsys):
+    env = serve_env(tmp_path, monkeypatch, m.recipe("xeon6"), {})
+    assert env["VLLM_NO_USAGE_STATS"] == "1"
+    assert "VLLM_NO_USAGE_STATS=1: vLLM's usage report to stats.vllm.ai is off" in capsys.readouterr().err
+    assert serve_env(tmp_path, monkeypatch, m.recipe("xeon6"), {"VLLM_NO_USAGE_STATS": "0"})["VLLM_NO_USAGE_STATS"] == "0"
+    assert "VLLM_NO_USAGE_STATS" not in serve_env(tmp_path, monkeypatch, m.recipe("xeon6"), {"DO_NOT_TRACK": "1"})
 
 
 def test_print_command_says_the_hub_is_offline(m, tmp_path, monkeypatch, capsys):

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from gemma4_images import matrix
-from gemma4_images.smoke import free_port
+from gemma4_images.server import free_port
 
 
 def verify(*args, env=None):
