@@ -325,7 +325,8 @@ def test_vllms_usage_report_is_off_unless_the_user_chose(m, tmp_path, monkeypatc
     env = serve_env(tmp_path, monkeypatch, m.recipe("xeon6"), {})
     assert env["VLLM_NO_USAGE_STATS"] == "1"
     assert "VLLM_NO_USAGE_STATS=1: vLLM's usage report to stats.vllm.ai is off" in capsys.readouterr().err
-    assert serve_env(tmp_path, monkeypatch, m.recipe("xeon6"), {"VLLM_NO_USAGE_STATS": "0"})["VLLM_NO_USAGE_STATS"] == "0"
+    chose = serve_env(tmp_path, monkeypatch, m.recipe("xeon6"), {"VLLM_NO_USAGE_STATS": "0"})
+    assert chose["VLLM_NO_USAGE_STATS"] == "0"
     assert "VLLM_NO_USAGE_STATS" not in serve_env(tmp_path, monkeypatch, m.recipe("xeon6"), {"DO_NOT_TRACK": "1"})
 
 
