@@ -147,9 +147,10 @@ def reference(ctx, param, value):
         return None
     what = param.opts[0] if param.opts[0].startswith("-") else param.name.upper()
     try:
-        return registry_api.check_reference(value, what)
+        registry_api.Reference.parse(value, what)
     except registry_api.BadReference as e:
         fail(str(e), 2)
+    return value
 
 
 def registry_spec(ctx, param, value):
@@ -540,7 +541,7 @@ def verify(ref, key, policy, signatures, dest, attachments_dir, require_attachme
         require_attachments=require_attachments,
         log=log,
     )
-    click.echo(f"verified {ref.partition('@')[0]}@{result['digest']}")
+    click.echo(f"verified {registry_api.Reference.split(ref).with_digest(result['digest'])}")
 
 
 @cli.command()
@@ -565,7 +566,7 @@ def k8s(target, replicas, image, pvc, no_pvc, secret, model_image, model_name):
     if model_name and not model_image:
         fail("--model-name names the folder of a --model-image; give the image too", 2)
     if model_image and not model_name:
-        model_name = registry_api.split_reference(model_image)[1].rsplit("/", 1)[-1]
+        model_name = registry_api.Reference.split(model_image).basename
     click.echo(
         k8s_mod.render_k8s(
             m,

@@ -16,6 +16,8 @@ from typing import Callable
 import docker
 from docker.errors import APIError, DockerException, ImageNotFound
 
+from .registry import Reference, recorded_digest
+
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 LOG_TAIL = 25
 
@@ -57,11 +59,11 @@ def local_image(client, ref: str):
 
 def pull(client, ref: str) -> str | None:
     """Pull ref; returns None on success, else the registry's reason in one line."""
-    repo, _, tag = (
-        ref.partition("@") if "@" in ref else ref.rpartition(":") if ":" in ref.split("/")[-1] else (ref, "", "latest")
-    )
+    image = Reference.split(ref)
     try:
-        client.images.pull(repo, tag=tag or None)
+        # A digest goes where the tag goes (docker-py and the engine then pull NAME@DIGEST; a tag
+        # beside a digest only labels it).
+        client.images.pull(image.name, tag=image.tag_or_digest)
         return None
     except (APIError, DockerException) as e:
         text = getattr(e, "explanation", None) or str(e)
@@ -72,14 +74,8 @@ def base_digest(image, ref: str) -> str:
     """What the base.digest label records for a build on ref: the digest ref pins (the engine
     pulled exactly it), else the registry digest of ref's own repository, else the local image id
     (a base built here has no registry digest; its id is as stable)."""
-    name, at, digest = ref.partition("@")
-    if at:
-        return digest
-    repo = name.rsplit(":", 1)[0] if ":" in name.rsplit("/", 1)[-1] else name
-    for repo_digest in image.attrs.get("RepoDigests") or []:
-        if repo_digest.split("@", 1)[0] == repo:
-            return repo_digest.split("@", 1)[1]
-    return image.id
+    base = Reference.split(ref)
+    return base.digest or recorded_digest(image.attrs.get("RepoDigests") or [], base.name) or image.id
 
 
 @dataclass

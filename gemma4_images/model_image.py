@@ -24,6 +24,7 @@ from docker.errors import APIError, NotFound
 from . import owned, publish
 from .docker_build import local_image
 from .matrix import MODELS_ROOT, model_path
+from .registry import Reference
 from .upstream import stream_sha256
 
 DEFAULT_REPOSITORY = "gemma4-e2b-models"  # local images: gemma4-e2b-models/<name>:<tag>
@@ -317,7 +318,9 @@ def build(
     if existing is not None and all((existing.labels or {}).get(k) == v for k, v in labels.items()):
         log(f"{ref} already holds {name} at {revision}; not rebuilt")
         return ModelImage(ref, name, revision, tag_for(revision), existing.id, built=False)
-    repository, _, image_tag = ref.rpartition(":") if ":" in ref.rsplit("/", 1)[-1] else (ref, "", "latest")
+    tagged = Reference.split(ref)
+    if tagged.digest:  # the engine's import takes a repository and a tag; a digest comes from a push
+        raise ModelImageError(f"--tag {ref} names a digest: an image built here is tagged NAME[:TAG]")
     log(f"packing {len(files)} files of {folder} into {ref} at {model_path(name)}")
     with tempfile.TemporaryFile() as layer:
         write_layer(layer, folder, files, name)
@@ -326,7 +329,9 @@ def build(
         # anything from this host's environment in the image's history.
         changes = [f"LABEL {json.dumps(k)}={json.dumps(v)}" for k, v in labels.items()]
         try:
-            answer = client.api.import_image_from_data(layer, repository=repository, tag=image_tag, changes=changes)
+            answer = client.api.import_image_from_data(
+                layer, repository=tagged.name, tag=tagged.tag_or_latest, changes=changes
+            )
         except APIError as e:
             raise ModelImageError(f"the Docker engine refused to import {ref}: {e.explanation or e}") from None
     status = [json.loads(line) for line in answer.splitlines() if line.strip()]
@@ -350,7 +355,7 @@ def push(client, ref: str, registry: str, log=print, reports_dir: Path = Path("r
     name, revision = labels[LABELS["name"]], labels[LABELS["revision"]]
     repo = publish.registry_path(registry, REGISTRY_PATH, name)
     if check:
-        publish.check_registry(repo.split("/", 1)[0])
+        publish.check_registry(Reference.split(repo).host)
     return publish.push_plan(client, [(f"model:{name}", ref, image, [tag_for(revision)])], repo, log, reports_dir)[0]
 
 

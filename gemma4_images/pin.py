@@ -83,7 +83,7 @@ def write(path: Path, digests: dict[str, str], today: str | None = None) -> list
     lines = path.read_text().splitlines(keepends=True)
     changed = []
     for image, digest in digests.items():
-        host = registry.api_host(registry.split_reference(image)[0])
+        host = registry.api_host(registry.Reference.split(image).host)
         comment = f"  # pinned by `build.py pin` from {host} on {today}"
         hits = [
             i

@@ -133,7 +133,7 @@ def _push_stream(client, repo: str, tag: str) -> str:
         if "error" in chunk:
             message = ANSI.sub("", chunk["error"]).strip().splitlines()[0]
             if re.search(r"no basic auth credentials|unauthorized|authentication required|denied", message, re.I):
-                host = repo.split("/", 1)[0]
+                host = registry_api.Reference.split(repo).host
                 message += (
                     f": the registry wants a login; run `docker login {host}` (build.py sends what "
                     f"that stored in {registry_api.docker_config_path()}, or in the credsStore it names)"
@@ -143,13 +143,6 @@ def _push_stream(client, repo: str, tag: str) -> str:
     if digest is None:
         raise PushError(f"pushing {repo}:{tag}: the engine reported no digest")
     return digest
-
-
-def _repo_digest(client, image_id: str, repo: str) -> str | None:
-    for ref in client.images.get(image_id).attrs.get("RepoDigests") or []:
-        if ref.rsplit("@", 1)[0] == repo:
-            return ref.rsplit("@", 1)[1]
-    return None
 
 
 def push(
@@ -201,7 +194,7 @@ def push(
                     f"regenerate it for this image (or remove it to push without it)"
                 )
         plan.append((name, source, image, tags_for(matrix, name, short_revision(image, allow_dirty), moving_tag)))
-    check_registry(repo.split("/", 1)[0])
+    check_registry(registry_api.Reference.split(repo).host)
     return push_plan(
         client, plan, repo, log, reports_dir, lambda entry: _attach_and_sign(entry, reports_dir, signer, log)
     )
@@ -235,7 +228,10 @@ def push_plan(client, plan, repo: str, log, reports_dir: Path = Path("reports"),
 
 
 def _push_target(client, name, source, image, repo, tags, log, created: list[str]) -> dict:
-    host, path = repo.split("/", 1)
+    # repo names its host (split_registry refuses a registry without one): no Docker Hub default
+    # applies, host and path are what it was composed of.
+    pushing = registry_api.Reference.split(repo)
+    host, path = pushing.host, pushing.repository
     entry = {
         "target": name,
         "image": source,
@@ -250,7 +246,8 @@ def _push_target(client, name, source, image, repo, tags, log, created: list[str
         if f"{repo}:{tag}" not in (client.images.get(image.id).tags or []):
             created.append(f"{repo}:{tag}")
         image.tag(repo, tag)
-        ours, theirs = _repo_digest(client, image.id, repo), remote_digest(host, path, tag)
+        repo_digests = client.images.get(image.id).attrs.get("RepoDigests") or []
+        ours, theirs = registry_api.recorded_digest(repo_digests, repo), remote_digest(host, path, tag)
         if ours and ours == theirs:
             log(f"{repo}:{tag} is already in the registry at {theirs}; not pushed")
             entry["already_present"].append(tag)
@@ -271,7 +268,8 @@ def _older_than(path: Path, image) -> bool:
 def _attach_and_sign(entry: dict, reports_dir: Path, signer, log) -> None:
     """Attach the target's reports to its pushed digest, then sign every tag (the image's and the
     attachments'), recording both in entry."""
-    host, path = entry["repository"].split("/", 1)
+    pushed = registry_api.Reference.split(entry["repository"])
+    host, path = pushed.host, pushed.repository
     entry["attachments"] = []
     for item in attach.report_attachments(entry["target"], reports_dir):
         tag = attach.tag_for(entry["digest"], item.suffix)

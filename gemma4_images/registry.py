@@ -1,5 +1,6 @@
-"""The registry's HTTP API (distribution API v2), as `pin` and `push` need it: split an image
-reference, find the registry's digest for a tag, authenticate the way registries ask to."""
+"""Image references and the registry's HTTP API (distribution API v2), as `pin` and `push` need it:
+read an image reference (`Reference`, the one parser of them here), find the registry's digest for
+a tag, authenticate the way registries ask to."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import re
 import urllib.error
 import urllib.parse
 import urllib.request
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 # What a HEAD on a tag may answer with: the daemon pushes Docker v2 manifests, other tools OCI;
@@ -27,6 +29,7 @@ MANIFEST_TYPES = ", ".join(
 DOCKER_HUB = "docker.io"
 DOCKER_HUB_API = "registry-1.docker.io"
 DOCKER_HUB_AUTH_KEY = "https://index.docker.io/v1/"  # the key `docker login` writes for Docker Hub
+LATEST = "latest"  # the tag Docker assumes when a reference names none
 
 
 # The distribution project's reference grammar (github.com/distribution/reference, reference.go),
@@ -52,30 +55,108 @@ def _is_host(part: str) -> bool:
     return "." in part or ":" in part or part == "localhost"
 
 
-def _valid_path(parts: list[str]) -> bool:
-    host = parts[0] if len(parts) > 1 and _is_host(parts[0]) else None
-    path = parts[1:] if host else parts
+def _host_and_path(name: str) -> tuple[str | None, str]:
+    """(host, path) of NAME as written. The first part is a host only when more follows it and it
+    looks like one (Docker's reading: `team/img` is Docker Hub's, `registry.io/img` another's)."""
+    head, _, rest = name.partition("/")
+    return (head, rest) if rest and _is_host(head) else (None, name)
+
+
+def _valid_name(name: str) -> bool:
+    host, path = _host_and_path(name)
     return (
         (host is None or _HOST.fullmatch(host) is not None)
-        and bool(path)
-        and all(_COMPONENT.fullmatch(p) for p in path)
-    )
-
-
-def check_reference(ref: str, what: str) -> str:
-    """ref, or BadReference naming `what` (the option it came from) and the rule it breaks."""
-    name, at, digest = (ref or "").partition("@")
-    last = name.rsplit("/", 1)[-1]
-    name, colon, tag = name.rpartition(":") if ":" in last else (name, "", "")
-    ok = (
-        _valid_path(name.split("/"))
         and len(name) <= 255
-        and (not colon or _TAG.fullmatch(tag))
-        and (not at or _DIGEST.fullmatch(digest))
+        and all(_COMPONENT.fullmatch(p) for p in path.split("/"))
     )
-    if not ok:
-        raise BadReference(f"{what} {ref!r} is not a valid image reference: expected {REFERENCE_RULE}")
-    return ref
+
+
+def _split(ref: str) -> tuple[str, str | None, str | None]:
+    """(name, tag, digest) as written, tag and digest None when absent: parse must tell `img:`
+    and `img@` (a separator with nothing after it, refused) from `img`. A ':' is a tag's only in
+    the last path part; before it, it is a host's port."""
+    name, at, digest = ref.partition("@")
+    if ":" not in name.rsplit("/", 1)[-1]:
+        return name, None, digest if at else None
+    name, _, tag = name.rpartition(":")
+    return name, tag, digest if at else None
+
+
+@dataclass(frozen=True)
+class Reference:
+    """An image reference, `[HOST[:PORT]/]PATH[:TAG][@DIGEST]`, in the parts it was written in
+    (str() gives it back exactly); host and repository apply Docker's defaults."""
+
+    name: str  # [HOST[:PORT]/]PATH as written, without tag or digest
+    tag: str = ""  # "" when it names none
+    digest: str = ""  # "sha256:<hex>", or "" when it names none
+
+    @classmethod
+    def parse(cls, ref: str, what: str = "reference") -> Reference:
+        """ref read, or BadReference naming `what` (the option it came from) and the rule it breaks:
+        for references a user gives, checked before the engine answers with a traceback."""
+        name, tag, digest = _split(ref or "")
+        ok = (
+            _valid_name(name)
+            and (tag is None or _TAG.fullmatch(tag) is not None)
+            and (digest is None or _DIGEST.fullmatch(digest) is not None)
+        )
+        if not ok:
+            raise BadReference(f"{what} {ref!r} is not a valid image reference: expected {REFERENCE_RULE}")
+        return cls(name, tag or "", digest or "")
+
+    @classmethod
+    def split(cls, ref: str) -> Reference:
+        """ref read as parse reads it, unchecked: for references this program composed, or that the
+        engine, a label or a file already holds (refusing those is not ours to do)."""
+        name, tag, digest = _split(ref)
+        return cls(name, tag or "", digest or "")
+
+    def __str__(self) -> str:
+        return self.name + (f":{self.tag}" if self.tag else "") + (f"@{self.digest}" if self.digest else "")
+
+    @property
+    def host(self) -> str:
+        """The registry it is pulled from: Docker Hub when it names no host."""
+        return _host_and_path(self.name)[0] or DOCKER_HUB
+
+    @property
+    def repository(self) -> str:
+        """Its path in that registry: a one-part Docker Hub name is library/NAME."""
+        host, path = _host_and_path(self.name)
+        return f"library/{path}" if host is None and "/" not in path else path
+
+    @property
+    def full_name(self) -> str:
+        """HOST/REPOSITORY, the defaults spelled out (what a signature's identity names)."""
+        return f"{self.host}/{self.repository}"
+
+    @property
+    def basename(self) -> str:
+        """The last part of its path (what a purl or a model folder names the image by)."""
+        return self.name.rsplit("/", 1)[-1]
+
+    @property
+    def tag_or_latest(self) -> str:
+        return self.tag or LATEST
+
+    @property
+    def tag_or_digest(self) -> str:
+        """What a pull or the registry's /v2/REPOSITORY/manifests/<reference> fetches for it: the
+        digest when it pins one (the tag is then only a label), else its tag, else latest."""
+        return self.digest or self.tag_or_latest
+
+    def with_digest(self, digest: str) -> Reference:
+        return replace(self, digest=digest)
+
+
+def recorded_digest(repo_digests: list[str], name: str) -> str | None:
+    """The digest the engine's RepoDigests (`NAME@DIGEST` entries) records for repository name."""
+    for entry in repo_digests:
+        ref = Reference.split(entry)
+        if ref.name == name:
+            return ref.digest
+    return None
 
 
 def check_registry_spec(spec: str, what: str = "--registry") -> str:
@@ -96,21 +177,6 @@ class RegistryError(Exception):
 
 class RegistryUnavailable(RegistryError):
     pass
-
-
-def split_reference(ref: str) -> tuple[str, str, str]:
-    """'[HOST[:PORT]/]NAME[:TAG][@DIGEST]' -> (registry host, repository, tag or digest), with
-    Docker's defaults: no host is Docker Hub, a one-part Hub name is library/NAME, no tag is latest."""
-    name, _, digest = ref.partition("@")
-    head, _, rest = name.partition("/")
-    if rest and ("." in head or ":" in head or head == "localhost"):
-        host, path = head, rest
-    else:
-        host, path = DOCKER_HUB, name
-    path, colon, tag = path.rpartition(":") if ":" in path.rsplit("/", 1)[-1] else (path, "", "")
-    if host == DOCKER_HUB and "/" not in path:
-        path = f"library/{path}"
-    return host, path, digest or tag or "latest"
 
 
 def scheme(host: str) -> str:
@@ -245,8 +311,8 @@ def manifest_digest(host: str, repository: str, tag: str, timeout: float = 20) -
 
 def digest_of(ref: str, timeout: float = 20) -> str | None:
     """The registry's current digest for an image reference's tag."""
-    host, repository, tag = split_reference(ref.partition("@")[0])
-    return manifest_digest(host, repository, tag, timeout)
+    image = Reference.split(ref)
+    return manifest_digest(image.host, image.repository, image.tag_or_latest, timeout)
 
 
 # -- writing: what `push` needs to attach files to an image (distribution API v2 spec,

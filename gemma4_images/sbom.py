@@ -26,6 +26,7 @@ from packageurl import PackageURL
 
 from .image_contents import DPKG_STATUS, RECORDS, Contents, ImageError
 from .localbase import INTERPRETER_LABEL
+from .registry import Reference
 
 FIXES_LABEL = "io.gemma4-images.fixes"
 # Our keys in CycloneDX properties (name-spaced, as the spec asks of custom properties). A patch
@@ -69,19 +70,13 @@ def _hash(hex_digest: str) -> HashType:
     return HashType(alg=HashAlgorithm.SHA_256, content=hex_digest.removeprefix("sha256:"))
 
 
-def split_ref(ref: str) -> tuple[str, str]:
-    """(repository, tag) of an image reference; the tag is '' when it names none."""
-    name = ref.split("@", 1)[0]
-    return tuple(name.rsplit(":", 1)) if ":" in name.rsplit("/", 1)[-1] else (name, "")
-
-
 def oci_purl(ref: str, digest: str) -> PackageURL | None:
     """The package URL of an image at a digest (None without a sha256 digest)."""
     if not digest.startswith("sha256:"):
         return None
-    repo, tag = split_ref(ref)
-    qualifiers = {"repository_url": repo, **({"tag": tag} if tag else {})}
-    return PackageURL(type="oci", name=repo.rsplit("/", 1)[-1], version=digest, qualifiers=qualifiers)
+    image = Reference.split(ref)
+    qualifiers = {"repository_url": image.name, **({"tag": image.tag} if image.tag else {})}
+    return PackageURL(type="oci", name=image.basename, version=digest, qualifiers=qualifiers)
 
 
 def os_components(contents: Contents) -> list[Component]:
@@ -245,11 +240,11 @@ def engine_time(value: str) -> datetime | None:
 
 def build_bom(contents: Contents) -> Bom:
     labels = contents.labels
-    repo, tag = split_ref(contents.ref)
+    ref = Reference.split(contents.ref)
     image = Component(
         type=ComponentType.CONTAINER,
-        name=repo,
-        version=tag or contents.id,
+        name=ref.name,
+        version=ref.tag or contents.id,
         hashes=[_hash(contents.id)],
         purl=oci_purl(contents.ref, contents.id),
         bom_ref=f"image:{contents.id}",
@@ -257,11 +252,11 @@ def build_bom(contents: Contents) -> Bom:
     )
     base_name = labels.get("org.opencontainers.image.base.name", "")
     base_digest = labels.get("org.opencontainers.image.base.digest", "")
-    base_repo, base_tag = split_ref(base_name)
+    base_ref = Reference.split(base_name)
     base = Component(
         type=ComponentType.CONTAINER,
-        name=base_repo,
-        version=base_tag or base_digest,
+        name=base_ref.name,
+        version=base_ref.tag or base_digest,
         hashes=[_hash(base_digest)] if base_digest.startswith("sha256:") else None,
         purl=oci_purl(base_name, base_digest),
         bom_ref=f"base:{base_name}",

@@ -186,7 +186,7 @@ def policy_copy(ref: str, policy: Path, lookaside: str, folder: Path) -> str:
     """skopeo copy ref into folder (a dir: layout) under policy, its signatures read from
     lookaside; returns the digest of the manifest it checked. SigningError with skopeo's reason
     when the policy refuses the image (folder is then left empty)."""
-    host, _, _ = registry_api.split_reference(ref)
+    host = registry_api.Reference.split(ref).host
     with tempfile.TemporaryDirectory() as tmp:
         conf = write_registries_d(Path(tmp), host, lookaside, staging=False)
         try:
@@ -205,7 +205,9 @@ def policy_copy(ref: str, policy: Path, lookaside: str, folder: Path) -> str:
 def copy_out(folder: Path, dest: str) -> None:
     """Copy a checked dir: layout on to dest (any skopeo transport: docker-daemon:, oci:, docker://)."""
     tls = (
-        _tls(registry_api.split_reference(dest[len("docker://") :])[0], "dest") if dest.startswith("docker://") else []
+        _tls(registry_api.Reference.split(dest.removeprefix("docker://")).host, "dest")
+        if dest.startswith("docker://")
+        else []
     )
     _run(
         ["--insecure-policy", "copy", "--quiet", "--remove-signatures", *_authfile(), *tls, f"dir:{folder}", dest],

@@ -23,9 +23,9 @@ def policy_file(ref: str, key: Path | None, policy: Path | None, folder: Path) -
         raise signing.SigningError("--key and --policy both given: the policy names its keys itself; give one")
     if policy is not None:
         return Path(policy)
-    host, repository, _ = registry_api.split_reference(ref)
     path = folder / "policy.json"
-    path.write_text(json.dumps(signing.policy_requiring(f"{host}/{repository}", key), indent=2) + "\n")
+    identity = registry_api.Reference.split(ref).full_name
+    path.write_text(json.dumps(signing.policy_requiring(identity, key), indent=2) + "\n")
     return path
 
 
@@ -45,7 +45,8 @@ def verify(
     and the attachments found; raises SigningError (one line) on the first refusal, or on a
     missing attachment when require_attachments (a pipeline that deploys nothing without its
     SBOM and provenance)."""
-    host, repository, _ = registry_api.split_reference(ref)
+    image = registry_api.Reference.split(ref)
+    host, repository = image.host, image.repository
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         enforced = policy_file(ref, key, policy, tmp)
@@ -67,7 +68,8 @@ def verify(
                     )
                 log(f"{ref}: nothing attached as {tag}")
                 continue
-            entry = _verified_attachment(f"{host}/{repository}:{tag}", digest, enforced, signatures, tmp / tag)
+            attached = registry_api.Reference(image.full_name, tag)
+            entry = _verified_attachment(attached, digest, enforced, signatures, tmp / tag)
             found.append(entry)
             log(f"{ref}: attachment {tag} accepted ({entry['media_type']}, {entry['size']} bytes)")
         # Nothing is written out until everything has been accepted.
@@ -82,15 +84,17 @@ def verify(
     return {"reference": ref, "digest": digest, "attachments": found}
 
 
-def _verified_attachment(ref: str, subject: str, policy: Path, signatures: str, folder: Path) -> dict:
-    signing.policy_copy(ref, policy, signatures, folder)
+def _verified_attachment(
+    ref: registry_api.Reference, subject: str, policy: Path, signatures: str, folder: Path
+) -> dict:
+    signing.policy_copy(str(ref), policy, signatures, folder)
     manifest = json.loads((folder / "manifest.json").read_text())
     named = (manifest.get("subject") or {}).get("digest")
     if named != subject or len(manifest.get("layers") or []) != 1:
         raise signing.SigningError(f"{ref} refused: it is signed but attached to {named}, not {subject}")
     (layer,) = manifest["layers"]
     return {
-        "tag": ref.rsplit(":", 1)[1],
+        "tag": ref.tag,
         "media_type": layer["mediaType"],
         "blob_digest": layer["digest"],
         "size": layer["size"],

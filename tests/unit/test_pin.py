@@ -24,7 +24,8 @@ DIGEST_B = "sha256:" + "b" * 64
     ],
 )
 def test_references_split_as_docker_reads_them(ref, parts):
-    assert registry.split_reference(ref) == parts
+    image = registry.Reference.split(ref)
+    assert (image.host, image.repository, image.tag_or_digest) == parts
     assert registry.api_host(parts[0]) == ("registry-1.docker.io" if parts[0] == "docker.io" else parts[0])
 
 
