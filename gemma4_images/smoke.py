@@ -506,7 +506,7 @@ def run_smoke(
         with server.serve(matrix, target, image, model, image_id=image_id) as srv:
             report.seconds_to_healthy = round(srv.seconds_to_healthy, 1)
             log(f"healthy after {report.seconds_to_healthy}s at {srv.url}")
-            _run_checks(client, matrix, target, image, script, srv, report, log)
+            run_checks(client, matrix, target, image, srv, report, script, log=log)
         logs = srv.final_log
     except server.NotHealthy as e:
         report.checks.append(Check("ready", "fail", str(e)))
@@ -516,14 +516,17 @@ def run_smoke(
     return report
 
 
-def _run_checks(client, matrix, target, image, script, srv, report, log) -> None:
+def run_checks(client, matrix, target, image, srv, report, script=None, url=None, log=print) -> None:
+    """Every check that applies to target's launch on the running server srv, into report (its
+    checks and answers). url: where the server answers when not at srv.url (a server with no
+    network, reached through `docker exec`)."""
     started = srv.log()
     # What the container runs: the recipe's launch as the entrypoint composes it, plus ours.
     printed = srv.launch()
     for line in printed.strip().splitlines():  # the launch, after any `export` the entrypoint adds
         log(f"serving: {line}")
     launch = shlex.split(printed)
-    checks = Checks(srv.url, srv.served, launch, script)
+    checks = Checks(url or srv.url, srv.served, launch, script)
     special = {
         "image_facts": lambda: image_facts(client, matrix, target, image),
         "startup_log": lambda: startup_log(started),

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from gemma4_images import matrix, owned
+from tests import signals
 
 pytestmark = pytest.mark.integration
 
@@ -30,6 +31,7 @@ def started_smoke(client, tmp_path, wait_for: str):
         cwd=matrix.ROOT,
         stdout=out.open("w"),
         stderr=subprocess.STDOUT,
+        preexec_fn=signals.default_stop_signals,
     )
     label = {"label": f"{owned.LABEL}={owned.owner(proc.pid)}"}
     deadline = time.monotonic() + 600

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from gemma4_images import matrix, render
+from tests import signals
 
 ROOT = matrix.ROOT
 
@@ -118,7 +119,13 @@ def test_run_passes_a_stop_signal_on_to_docker_run(tmp_path, signum):
     (tmp_path / "docker").write_text(DOCKER_STANDIN.format(got=got, up=up))
     (tmp_path / "docker").chmod(0o755)
     env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
-    proc = subprocess.Popen([sys.executable, "build.py", "run", "cpu"], cwd=ROOT, env=env, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "build.py", "run", "cpu"],
+        cwd=ROOT,
+        env=env,
+        stderr=subprocess.PIPE,
+        preexec_fn=signals.default_stop_signals,
+    )
     deadline = time.monotonic() + 30
     while not up.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
