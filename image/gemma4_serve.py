@@ -183,10 +183,12 @@ OFFLINE_ENV = {"HF_HUB_OFFLINE": "1"}
 OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 
 
-# vLLM reports each server it starts (hardware, model architecture, launch options) to
-# stats.vllm.ai unless one of these is set (vllm/usage/usage_lib.py, is_usage_stats_enabled;
-# vllm/envs.py reads each as "1" or not): these images send nothing out of their own accord, so
-# the entrypoint turns it off unless the user chose (VLLM_NO_USAGE_STATS=0 turns it back on).
+# vLLM's GPU workers report each server they start (hardware, model architecture, launch options)
+# to stats.vllm.ai, once and then every 10 minutes, unless one of these is set
+# (vllm/v1/worker/gpu_worker.py report_usage_stats; vllm/usage/usage_lib.py is_usage_stats_enabled;
+# vllm/envs.py reads each as "1" or not; the CPU worker never reports): these images send nothing
+# out of their own accord, so the entrypoint turns it off unless the user chose
+# (VLLM_NO_USAGE_STATS=0 turns it back on).
 USAGE_STATS_VARS = ("VLLM_NO_USAGE_STATS", "VLLM_DO_NOT_TRACK", "DO_NOT_TRACK")
 
 

@@ -120,12 +120,11 @@ def _serves_with_no_network(client, m, cpu_image, tiny_image, srv):
         smoke.run_checks(client, m, "xeon6", cpu_image, srv, report, exchanges.EXCHANGES, url=forward.url)
         assert {c.name: c.status for c in report.checks} == {c.name: "pass" for c in report.checks}, report.table()
         assert [a[2] for a in report.answers if a[0] == "chat"] == ["Paris."]
-        # vLLM's usage report is off (the entrypoint's default): vLLM writes usage_stats.json under
-        # its config root before it sends a report (vllm/usage/usage_lib.py), and wrote none.
+        # vLLM's usage report is off in the server's own environment (the entrypoint's default).
+        # Only the setting is checkable here: vLLM's CPU worker never reports (report_usage_stats
+        # is called by the GPU and XPU workers, vllm/v1/worker/gpu_worker.py), seen here with
+        # VLLM_NO_USAGE_STATS=0: no usage_stats.json is written either way.
         assert b"VLLM_NO_USAGE_STATS=1" in environ
-        # (uid 2000 cannot read every folder: find's complaints about those are not findings)
-        found = wrapped.exec_run(["sh", "-c", "find / -xdev -name usage_stats.json 2>/dev/null"]).output.decode()
-        assert found.strip() == "", found
 
 
 def test_model_image_cli_builds_tags_by_content_and_pushes_with_a_digest(client, tmp_path):
