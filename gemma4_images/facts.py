@@ -74,10 +74,15 @@ def facts(matrix: Matrix, name: str, base_name: str, base_digest: str, bos_copy_
     return values
 
 
+# What GEMMA4_FIXES_PROFILE says for a target built without the fixes (empty is refused: the
+# Dockerfile cannot tell it from a build arg left out).
+NO_FIXES = "none"
+
+
 def fix_args(matrix: Matrix, name: str) -> dict[str, str]:
     fixes = matrix.targets[name].fixes
     return {
-        "GEMMA4_FIXES_PROFILE": fixes.profile if fixes else "",
+        "GEMMA4_FIXES_PROFILE": fixes.profile if fixes else NO_FIXES,
         "GEMMA4_FIXES_OPT_IN": " ".join(fixes.opt_in) if fixes else "",
     }
 

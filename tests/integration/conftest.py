@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from docker.errors import ImageNotFound
 
-from gemma4_images import images, localbase, matrix, owned
+from gemma4_images import facts, images, localbase, matrix, owned
 from gemma4_images.docker_build import BuildSpec, build, connect
 from testkit import tiny_model
 
@@ -110,7 +110,7 @@ def unfixed_image(client, m, cpu_base):
         tokenizer_source=str(tiny_model.ensure()),
         tag="gemma4-e2b-test/xeon6:unfixed",
         log=log,
-        extra_args={"GEMMA4_FIXES_PROFILE": "", "GEMMA4_FIXES": ""},
+        extra_args={"GEMMA4_FIXES_PROFILE": facts.NO_FIXES, "GEMMA4_FIXES": ""},
     )
 
 

@@ -234,6 +234,29 @@ def test_version_mismatch_fails_the_build_and_tags_nothing(
         client.images.get(tag)
 
 
+def test_a_build_without_the_fixes_build_args_is_refused_not_built_unfixed(
+    client, m, cpu_base, untagged, no_new_containers, no_new_dangling_images
+):
+    # What a plain `docker build --build-arg GEMMA4_TARGET=xeon6` gives the fixes step: no profile.
+    # It used to skip the fixes without a word; now one line says what to pass.
+    tag = untagged("gemma4-e2b-test/xeon6:no-fix-args")
+    with pytest.raises(BuildFailed) as e:
+        images.build_target(
+            client,
+            m,
+            "xeon6",
+            base_override=cpu_base,
+            tokenizer_source=str(tiny_model.ensure()),
+            tag=tag,
+            extra_args={"GEMMA4_FIXES_PROFILE": "", "GEMMA4_FIXES_OPT_IN": ""},
+            log=print,
+        )
+    assert "apply_all.py" in e.value.step
+    assert any("GEMMA4_TARGET or GEMMA4_FIXES_PROFILE is not set" in line for line in e.value.tail), e.value.tail
+    with pytest.raises(ImageNotFound):
+        client.images.get(tag)
+
+
 def test_facts_are_reproducible(m, monkeypatch):
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
     first = facts.facts(m, "h100", "b", "d")
