@@ -10,6 +10,7 @@ import time
 from datetime import datetime, timezone
 
 from .matrix import ROOT, Matrix
+from .registry import Reference
 
 # Where the build host serves wheels to a build (the audio extras, the CPU base's wheelhouse); fixed,
 # so the build arg, and with it the layer cache, stays the same from run to run.
@@ -60,7 +61,7 @@ def facts(matrix: Matrix, name: str, base_name: str, base_digest: str, bos_copy_
         ),
         "GEMMA4_SOURCE": matrix.project.source,
         "GEMMA4_REVISION": revision(),
-        "GEMMA4_VERSION": tag.split(":", 1)[1],
+        "GEMMA4_VERSION": Reference.split(tag).tag,
         "GEMMA4_CREATED": created(),
         "GEMMA4_BASE_NAME": base_name,
         "GEMMA4_BASE_DIGEST": base_digest,

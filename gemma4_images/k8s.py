@@ -10,6 +10,7 @@ import textwrap
 import yaml
 
 from .matrix import Matrix, model_path
+from .registry import Reference
 
 # Not /root/.cache/huggingface as in `docker run`: /root is 0700 in the images, so a non-root pod
 # cannot reach it (measured). One path for every target, named by HF_HOME.
@@ -119,8 +120,8 @@ def _security(matrix: Matrix, name: str) -> tuple[dict, dict]:
 
 
 def _image(matrix: Matrix, name: str, image: str | None, digest: str | None) -> str:
-    ref = image or matrix.tag(name)
-    return f"{ref}@{digest}" if digest and "@" not in ref else ref
+    ref = Reference.split(image or matrix.tag(name))
+    return str(ref.with_digest(digest)) if digest and not ref.digest else str(ref)
 
 
 def _container(matrix: Matrix, name: str, image: str, secret: str, model: dict | None = None) -> dict:
@@ -238,10 +239,11 @@ def render_k8s(
     on_device = _family(matrix, name).kubernetes.device_resource is not None
     model = _model_pieces(model_image, model_name) if model_image else None
     container = _container(matrix, name, _image(matrix, name, image, digest), hf_token_secret, model)
+    version = Reference.split(matrix.tag(name)).tag
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {"name": app, "labels": {**labels, "app.kubernetes.io/version": matrix.tag(name).split(":")[1]}},
+        "metadata": {"name": app, "labels": {**labels, "app.kubernetes.io/version": version}},
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": labels},

@@ -9,6 +9,7 @@ import json
 
 from .image_contents import PACK, RECORDS, Contents
 from .matrix import Matrix
+from .registry import Reference
 from .sbom import PROP, engine_time, oci_purl
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -34,10 +35,13 @@ def subjects(contents: Contents) -> list[dict]:
             "annotations": {"kind": "image config digest (docker image id)"},
         }
     ]
-    for repo_digest in contents.repo_digests:
-        repo, _, digest = repo_digest.partition("@")
+    for repo_digest in map(Reference.split, contents.repo_digests):
         out.append(
-            {"name": repo, "digest": {"sha256": _hex(digest)}, "annotations": {"kind": "registry manifest digest"}}
+            {
+                "name": repo_digest.name,
+                "digest": {"sha256": _hex(repo_digest.digest)},
+                "annotations": {"kind": "registry manifest digest"},
+            }
         )
     return out
 

@@ -151,3 +151,18 @@ def test_oci_purl_names_the_image_by_its_last_path_part():
     purl = sbom.oci_purl("127.0.0.1:5000/ns/img:tag", D)
     assert purl.to_string() == f"pkg:oci/img@{D}?repository_url=127.0.0.1:5000/ns/img&tag=tag"
     assert sbom.oci_purl("img", "not-a-digest") is None
+
+
+def test_an_image_name_with_a_registry_port_keeps_the_version_label_and_the_k8s_version():
+    # project.image may name a registry with a port; the version is the tag, never what follows
+    # the port's colon (facts and k8s used to split the tag string at its first ':').
+    from gemma4_images import facts, k8s, matrix
+
+    loaded = matrix.load()
+    project = loaded.project.model_copy(update={"image": "registry.local:5000/ml/gemma4-e2b"})
+    m = loaded.model_copy(update={"project": project})
+    assert facts.facts(m, "xeon6", "b", "d")["GEMMA4_VERSION"] == "xeon6-v0.30.0"
+    deployment = next(
+        d for d in __import__("yaml").safe_load_all(k8s.render_k8s(m, "xeon6")) if d["kind"] == "Deployment"
+    )
+    assert deployment["metadata"]["labels"]["app.kubernetes.io/version"] == "xeon6-v0.30.0"
