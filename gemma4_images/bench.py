@@ -613,8 +613,7 @@ def time_to_health(
 ) -> float:
     """Seconds from `docker run` to the first 200 on /health; the container is always removed.
     files: host path -> path under WORKDIR, mounted read-only (what the image would have copied)."""
-    from .server import free_port
-    from .smoke import http
+    from .server import free_port, http
 
     port = free_port()
     start = time.monotonic()

@@ -5,6 +5,7 @@ benchmarks and the tests start their servers through it."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -57,12 +58,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _status(url: str) -> int:
+def http(method: str, url: str, body=None, raw: bytes | None = None, timeout=120) -> tuple[int, object]:
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return r.status
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            status, text = r.status, r.read().decode()
     except urllib.error.HTTPError as e:
-        return e.code
+        status, text = e.code, e.read().decode()
+    try:
+        return status, json.loads(text)
+    except ValueError:
+        return status, text
 
 
 def container_for(
@@ -152,7 +159,7 @@ def wait_healthy(wrapped, url: str, budget: float) -> float:
         if wrapped.status not in ("created", "running"):
             raise NotHealthy(f"the container exited ({wrapped.attrs['State'].get('ExitCode')}) before /health answered")
         try:
-            if _status(url + "/health") == 200:
+            if http("GET", url + "/health", timeout=5)[0] == 200:
                 return time.monotonic() - start
         except OSError:
             pass

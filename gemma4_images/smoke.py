@@ -20,6 +20,7 @@ from .image_code import gemma4_serve
 from .image_contents import RECORDS, read_paths
 from .matrix import Matrix
 from .sampling_checks import SamplingChecks, Skipped
+from .server import http  # the checks' client (smoke.http in the tests)
 
 TOOL = {
     "type": "function",
@@ -70,20 +71,6 @@ class CheckFailed(AssertionError):
 
 
 # -- plumbing ------------------------------------------------------------------------------------
-
-
-def http(method: str, url: str, body=None, raw: bytes | None = None, timeout=120) -> tuple[int, object]:
-    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            status, text = r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        status, text = e.code, e.read().decode()
-    try:
-        return status, json.loads(text)
-    except ValueError:
-        return status, text
 
 
 def expect(condition: bool, expected: str, got) -> None:
