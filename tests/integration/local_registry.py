@@ -2,6 +2,7 @@
 2.8), started with its own config on a free loopback port and stopped after. The daemon treats
 127.0.0.0/8 as an insecure registry by default, so no daemon setting is needed."""
 
+import contextlib
 import shutil
 import subprocess
 import time
@@ -55,3 +56,29 @@ def start_registry(root: Path, readonly: bool = False, login: tuple[str, str] | 
 def stop_registry(proc):
     proc.terminate()
     proc.wait(timeout=10)
+
+
+def forget(client, host: str) -> None:
+    """Remove every local reference to images under host: the tags a push or a pull made and the
+    digest references (`<none>` rows in `docker images`) a pull by digest leaves. The images
+    themselves stay while another tag (a stand-in's own) holds them."""
+    from docker.errors import NotFound
+
+    for img in client.images.list():
+        for ref in (*img.tags, *img.attrs.get("RepoDigests", [])):
+            if ref.startswith(f"{host}/"):
+                with contextlib.suppress(NotFound):
+                    client.images.remove(ref)
+
+
+@contextlib.contextmanager
+def registry(root: Path, client=None, readonly: bool = False, login: tuple[str, str] | None = None):
+    """start_registry as a context manager yielding its host: stopped after whatever happens, and
+    (given the engine's client) every local reference to its images removed (forget)."""
+    proc, host = start_registry(root, readonly=readonly, login=login)
+    try:
+        yield host
+    finally:
+        stop_registry(proc)
+        if client is not None:
+            forget(client, host)

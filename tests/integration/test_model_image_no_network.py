@@ -18,7 +18,7 @@ import urllib.parse
 
 import pytest
 from docker.errors import NotFound
-from local_registry import start_registry, stop_registry
+from local_registry import forget, start_registry, stop_registry
 from test_no_secrets import places_holding
 
 from gemma4_images import matrix, model_image, registry, server, smoke
@@ -170,10 +170,7 @@ def test_model_image_cli_builds_tags_by_content_and_pushes_with_a_digest(client,
         assert again.returncode == 0 and "not rebuilt" in again.stderr and "not pushed" in again.stderr, again.stderr
     finally:
         stop_registry(proc)
-        if _exists(client, tag):
-            for ref in client.images.get(tag).tags:
-                if ref.startswith(host):
-                    client.images.remove(ref, noprune=True)
+        forget(client, host)
 
 
 def _exists(client, ref):

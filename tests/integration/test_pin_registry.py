@@ -8,9 +8,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+import local_registry
 import pytest
 from docker.errors import ImageNotFound
-from local_registry import start_registry, stop_registry
 
 from gemma4_images import facts, images, matrix
 from gemma4_images.docker_build import BuildSpec, base_digest, build, local_image
@@ -31,11 +31,9 @@ def build_py(*args):
 
 
 @pytest.fixture(scope="module")
-def host():
-    with tempfile.TemporaryDirectory() as root:
-        proc, host = start_registry(Path(root))
+def host(client):
+    with tempfile.TemporaryDirectory() as root, local_registry.registry(Path(root), client) as host:
         yield host
-        stop_registry(proc)
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 
 import docker
+import local_registry
 import pytest
 from docker.errors import ImageNotFound
-from local_registry import start_registry, stop_registry
 
 from gemma4_images import publish
 from gemma4_images.docker_build import BuildSpec, build
@@ -30,15 +30,13 @@ LABEL io.gemma4-images.test="push round trip" org.opencontainers.image.revision=
 
 
 @pytest.fixture(scope="module")
-def registry():
-    with tempfile.TemporaryDirectory() as root:
-        proc, host = start_registry(Path(root))
+def registry(client):
+    with tempfile.TemporaryDirectory() as root, local_registry.registry(Path(root), client) as host:
         yield f"{host}/gemma4-e2b-test"
-        stop_registry(proc)
 
 
 @pytest.fixture(scope="module")
-def image(client, rootfs, registry):
+def image(client, rootfs):
     """A small image on the local Debian base: a label and a file of its own."""
     with tempfile.TemporaryDirectory() as ctx:
         (Path(ctx) / "Dockerfile").write_text(DOCKERFILE)
@@ -47,13 +45,7 @@ def image(client, rootfs, registry):
             BuildSpec(dockerfile="Dockerfile", tag=TEST_IMAGE, context=Path(ctx), buildargs={"BASE": rootfs}),
             print,
         )
-    yield TEST_IMAGE
-    # The registry's tags are removed with it; the test image stays for the layer cache.
-    prefix = registry.split("/")[0] + "/"
-    for img in client.images.list():
-        for tag in img.tags:
-            if tag.startswith(prefix):
-                client.images.remove(tag)
+    return TEST_IMAGE  # kept for the layer cache; the registry's tags go with the registry
 
 
 def smoke_report(reports: Path, image: str, status: str = "pass") -> Path:
@@ -160,17 +152,11 @@ def test_registry_that_refuses_the_upload_is_one_line(client, m, image, tmp_path
     """A read-only registry answers the API but refuses uploads: the error comes inside the
     engine's push stream, not as an exception, and must still stop the push."""
     smoke_report(tmp_path / "reports", image)
-    proc, host = start_registry(tmp_path, readonly=True)
-    try:
+    with local_registry.registry(tmp_path, client, readonly=True) as host:
         with pytest.raises(publish.PushError) as refused:
             publish.push(
                 client, m, [TARGET], host, sources={TARGET: image}, reports_dir=tmp_path / "reports", log=print
             )
-    finally:
-        stop_registry(proc)
-        for tag in client.images.get(image).tags:
-            if tag.startswith(host):
-                client.images.remove(tag)
     message = str(refused.value)
     assert message.startswith(f"pushing {host}/gemma4-e2b:xeon6-v0.30.0 failed: ") and "\n" not in message
     assert "405" in message
@@ -179,8 +165,7 @@ def test_registry_that_refuses_the_upload_is_one_line(client, m, image, tmp_path
 
 def test_a_registry_that_wants_a_login_names_the_fix_and_leaves_no_tags(client, m, image, tmp_path, monkeypatch):
     smoke_report(tmp_path / "reports", image)
-    proc, host = start_registry(tmp_path, login=("gemma4", "s3cret-pass"))
-    try:
+    with local_registry.registry(tmp_path, client, login=("gemma4", "s3cret-pass")) as host:
         tags_before = set(client.images.get(image).tags)
         with pytest.raises(publish.PushError) as refused:
             publish.push(
@@ -203,8 +188,3 @@ def test_a_registry_that_wants_a_login_names_the_fix_and_leaves_no_tags(client, 
             logged_in, m, [TARGET], host, sources={TARGET: image}, reports_dir=tmp_path / "reports", log=print
         )
         assert entries[0]["digest"].startswith("sha256:")
-    finally:
-        stop_registry(proc)
-        for tag in client.images.get(image).tags:
-            if tag.startswith(host):
-                client.images.remove(tag)

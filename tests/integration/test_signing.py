@@ -14,8 +14,8 @@ import time
 import zlib
 from pathlib import Path
 
+import local_registry
 import pytest
-from local_registry import start_registry, stop_registry
 from test_no_secrets import files_holding
 
 from gemma4_images import attach, matrix, publish, signing, verify
@@ -103,13 +103,8 @@ def images(client):
 
 @pytest.fixture
 def registry(client, tmp_path):
-    proc, host = start_registry(tmp_path)
-    yield f"{host}/gemma4-e2b-test"
-    stop_registry(proc)
-    for img in client.images.list():
-        for tag in img.tags:
-            if tag.startswith(f"{host}/"):  # the tags push made; the stand-ins keep theirs
-                client.images.remove(tag)
+    with local_registry.registry(tmp_path, client) as host:  # the stand-ins keep their own tags
+        yield f"{host}/gemma4-e2b-test"
 
 
 def reports(folder: Path, image: str, with_files: bool = True) -> Path:
