@@ -16,28 +16,18 @@ import click
 import docker
 from docker.errors import APIError
 
-from gemma4_images import (
-    image_contents,
-    images,
-    model_image,
-    owned,
-    pin,
-    publish,
-    render,
-    reports,
-    running,
-    sbom,
-    signing,
-    tokenizer_copy,
-    upstream,
-    wheels,
-)
-from gemma4_images import matrix as matrix_mod
-from gemma4_images import registry as registry_api
-from gemma4_images.docker_build import BaseUnavailable, BuildFailed, DockerUnavailable, connect, local_image
-from gemma4_images.localbase import LocalBaseError
-from gemma4_images.matrix import MatrixError
-from gemma4_images.tokenizer_copy import TokenizerError
+from gemma4_images.build import images, owned, pin, probe, tokenizer_copy, wheels
+from gemma4_images.build import registry as registry_api
+from gemma4_images.build.docker_build import BaseUnavailable, BuildFailed, DockerUnavailable, connect, local_image
+from gemma4_images.build.localbase import LocalBaseError
+from gemma4_images.build.tokenizer_copy import TokenizerError
+from gemma4_images.check import image_contents, running
+from gemma4_images.generate import render
+from gemma4_images.publish import model_image, publish, reports, sbom, signing
+from gemma4_images.spec import matrix as matrix_mod
+from gemma4_images.spec import upstream
+from gemma4_images.spec.matrix import MatrixError
+from gemma4_images.spec.reference import BadReference, Reference, check_registry_spec
 
 EXPECTED = (
     MatrixError,
@@ -147,8 +137,8 @@ def reference(ctx, param, value):
         return None
     what = param.opts[0] if param.opts[0].startswith("-") else param.name.upper()
     try:
-        registry_api.Reference.parse(value, what)
-    except registry_api.BadReference as e:
+        Reference.parse(value, what)
+    except BadReference as e:
         fail(str(e), 2)
     return value
 
@@ -157,8 +147,8 @@ def registry_spec(ctx, param, value):
     if value is None:
         return None
     try:
-        return registry_api.check_registry_spec(value)
-    except registry_api.BadReference as e:
+        return check_registry_spec(value)
+    except BadReference as e:
         fail(str(e), 2)
 
 
@@ -417,7 +407,7 @@ def run(target, image, print_only, env, vllm_args):
 def smoke(target, image, model, tiny, report):
     """Start TARGET's image, wait for it, run the recipe's checks; non-zero exit on any failure.
     Exit 3 when this machine lacks the target's accelerator (the tier is skipped, not passed)."""
-    from gemma4_images import smoke as smoke_mod
+    from gemma4_images.check import smoke as smoke_mod
 
     m, name = load(), target
     client = connect()
@@ -529,7 +519,7 @@ def push(targets, registry, image, moving_tag, skip_smoke, allow_dirty, sign_by,
 def verify(ref, key, policy, signatures, dest, attachments_dir, require_attachments):
     """Check REF's signature under the policy (and its attached SBOM and provenance, themselves
     signed) before deploying it; exit 1 with the reason when it is refused."""
-    from gemma4_images import verify as verify_mod
+    from gemma4_images.publish import verify as verify_mod
 
     result = verify_mod.verify(
         ref,
@@ -541,7 +531,7 @@ def verify(ref, key, policy, signatures, dest, attachments_dir, require_attachme
         require_attachments=require_attachments,
         log=log,
     )
-    click.echo(f"verified {registry_api.Reference.split(ref).with_digest(result['digest'])}")
+    click.echo(f"verified {Reference.split(ref).with_digest(result['digest'])}")
 
 
 @cli.command()
@@ -560,13 +550,13 @@ def verify(ref, key, policy, signatures, dest, attachments_dir, require_attachme
 @click.option("--model-name", help="Its folder under /models (default: the last part of its repository).")
 def k8s(target, replicas, image, pvc, no_pvc, secret, model_image, model_name):
     """Print a Kubernetes Deployment + Service for TARGET."""
-    from gemma4_images import k8s as k8s_mod
+    from gemma4_images.generate import k8s as k8s_mod
 
     m, name = load(), target
     if model_name and not model_image:
         fail("--model-name names the folder of a --model-image; give the image too", 2)
     if model_image and not model_name:
-        model_name = registry_api.Reference.split(model_image).basename
+        model_name = Reference.split(model_image).basename
     click.echo(
         k8s_mod.render_k8s(
             m,
@@ -591,7 +581,7 @@ def inspect(image):
     if img is None:
         fail(f"no local image {image!r}; build it first (`python build.py build <target>`)")
     info = running.describe(img)
-    info["build.json"] = running.build_json(client, image)
+    info["build.json"] = probe.build_json(client, image)
     click.echo(json.dumps(info, indent=2))
 
 
@@ -622,10 +612,10 @@ def bench_cmd(skip_build, skip_serving, skip_startup, skip_load, with_base, quic
     """Cold/no-change/one-patch/one-entrypoint-line rebuilds, image overhead, gemma4-bench in the CPU
     image with the tiny model, and start-up time against bare vllm serve; regenerates BENCHMARKS.md
     (the parts not run keep their last figures, from benchmarks.json)."""
-    from gemma4_images import bench
+    from gemma4_images.bench import suite  # imports testkit: the commands that serve the test model only
 
     try:
-        results = bench.main(
+        results = suite.main(
             log,
             build=not skip_build,
             serving=not skip_serving,
@@ -674,7 +664,7 @@ def provenance_cmd(target, image, out, verify_path):
     """Write an in-toto Statement v1 with a SLSA provenance v1 predicate for TARGET's built image
     (subject: its digest; dependencies: base digest, git revision, fix diffs, tokenizer source,
     upstream files; builder and parameters from /etc/gemma4-e2b/build.json)."""
-    from gemma4_images import provenance
+    from gemma4_images.publish import provenance
 
     m = load()
     contents = image_contents.read(connect(), m, target, image or m.tag(target))

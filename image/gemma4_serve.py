@@ -636,7 +636,7 @@ def self_check(recipe: dict, probes: bool = True, seed: str | None = None, user_
 
 
 def write_build_info(path: str, env: dict, recipe: dict) -> None:
-    """build.json: each label of the recipe's table (gemma4_images/facts.py) with its build arg's value."""
+    """build.json: each label of the recipe's table (gemma4_images/spec/facts.py) with its build arg's value."""
     facts = {label: env.get(arg, "") for label, arg in recipe["labels"].items()}
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:

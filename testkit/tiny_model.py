@@ -12,7 +12,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from gemma4_images.upstream import cache_dir
+from gemma4_images.spec.upstream import cache_dir
 
 from . import tiny_gemma4
 

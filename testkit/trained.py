@@ -13,7 +13,7 @@ import json
 import shutil
 from pathlib import Path
 
-from gemma4_images.upstream import cache_dir
+from gemma4_images.spec.upstream import cache_dir
 from testkit import tiny_model
 from testkit.tiny_model import readable
 

@@ -3,7 +3,7 @@ accelerator tiers (`pytest -m gaudi2`); CI runs `-m "not device"`."""
 
 import pytest
 
-from gemma4_images import matrix
+from gemma4_images.spec import matrix
 from testkit import tiny_gemma4
 
 

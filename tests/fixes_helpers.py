@@ -69,13 +69,13 @@ C_HELPERS, C_PACK, C_TOK, C_UPSTREAM, C_OUT, C_XGR021 = (
 
 # =============================================================== host side
 def cache_root() -> Path:
-    from gemma4_images.upstream import cache_dir
+    from gemma4_images.spec.upstream import cache_dir
 
     return cache_dir()
 
 
 def vllm_wheel() -> Path:
-    from gemma4_images import wheels
+    from gemma4_images.build import wheels
 
     return wheels.wheel("vllm==0.30.0")
 
@@ -101,7 +101,7 @@ def extract_upstream(dest: Path, paths=FILES) -> dict[str, str]:
 
 def xgrammar_021(dest: Path) -> Path | None:
     """xgrammar 0.2.1 unpacked (importable from dest), or None if PyPI cannot be reached."""
-    from gemma4_images import wheels
+    from gemma4_images.build import wheels
 
     try:
         whl = wheels.wheel("xgrammar==0.2.1")
@@ -119,7 +119,7 @@ def tokenizer_dir() -> Path:
 
 
 def image() -> str:
-    from gemma4_images import matrix
+    from gemma4_images.spec import matrix
 
     return IMAGE or matrix.load().tiny_tag("xeon6")
 
@@ -127,8 +127,8 @@ def image() -> str:
 @functools.lru_cache(maxsize=None)
 def observations() -> dict:
     """Run the container once (per process) and return everything it recorded."""
-    from gemma4_images import owned
-    from gemma4_images.docker_build import connect
+    from gemma4_images.build import owned
+    from gemma4_images.build.docker_build import connect
 
     work = Path(tempfile.mkdtemp(prefix="gemma4-fixes-test-"))
     try:

@@ -33,7 +33,7 @@ PROFILE = "v0.30.0"
 
 
 def load_applier():
-    from gemma4_images.modules import load_file
+    from gemma4_images.spec.modules import load_file
 
     return load_file("_gaudi_fixes_apply_all", os.path.join(PACK, "apply_all.py"))
 

@@ -5,7 +5,7 @@ default, whatever started pytest."""
 
 import signal
 
-from gemma4_images.owned import STOP_SIGNALS
+from gemma4_images.build.owned import STOP_SIGNALS
 
 
 def default_stop_signals() -> None:

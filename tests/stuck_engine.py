@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 
-from gemma4_images import running, traffic
+from gemma4_images.check import running, traffic
 
 SHUTDOWN_503 = "the server is shutting down"  # the message the fix ends requests with
 

@@ -5,8 +5,9 @@ import os
 
 import pytest
 
-from gemma4_images import matrix, running, smoke
-from gemma4_images.docker_build import connect
+from gemma4_images.build.docker_build import connect
+from gemma4_images.check import running, smoke
+from gemma4_images.spec import matrix
 
 M = matrix.load()
 DEVICE_TARGETS = [n for n, t in M.targets.items() if M.families[t.family].accelerator != "none"]
@@ -32,7 +33,7 @@ def test_gaudi2_fast_prefill_matches_stock():
     """000 "Verified": fast prefill against stock, offline, 64 prompts of 1,024 tokens, greedy:
     first token 64/64, 32-token continuations identical 64/64. gemma4-bench's check in the
     image (random-token prompts; the recipe used wikitext), each mode in its own process."""
-    from gemma4_images.bench import harness_json
+    from gemma4_images.bench.suite import harness_json
 
     client = connect()
     missing = running.device_missing(client, M.families["gaudi"].present)

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 from docker.errors import ImageNotFound
 
-from gemma4_images import facts, images, localbase, matrix, owned
-from gemma4_images.docker_build import BuildSpec, build, connect
+from gemma4_images.build import images, localbase, owned
+from gemma4_images.build.docker_build import BuildSpec, build, connect
+from gemma4_images.spec import facts, matrix
 from testkit import tiny_model
 
 STANDIN_DOCKERFILE = """\

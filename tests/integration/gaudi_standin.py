@@ -6,7 +6,7 @@ tests/unit/test_gaudi_fix_*.py against a real vllm-gaudi checkout."""
 
 from pathlib import Path
 
-from gemma4_images.modules import load_file
+from gemma4_images.spec.modules import load_file
 
 REPO = Path(__file__).resolve().parents[2]
 

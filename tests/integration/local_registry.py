@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gemma4_images.server import free_port
+from gemma4_images.check.server import free_port
 
 
 def start_registry(root: Path, readonly: bool = False, login: tuple[str, str] | None = None):

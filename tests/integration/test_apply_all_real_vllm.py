@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gemma4_images import wheels
+from gemma4_images.build import wheels
 
 pytestmark = pytest.mark.integration
 

@@ -3,8 +3,8 @@ no timing is asserted (the machines are noisy; BENCHMARKS.md holds the figures).
 
 import pytest
 
-from gemma4_images import bench
-from gemma4_images.matrix import ROOT
+from gemma4_images.bench import harness
+from gemma4_images.spec.matrix import ROOT
 
 pytestmark = pytest.mark.integration
 
@@ -59,7 +59,7 @@ def test_the_harness_is_shipped_in_the_image(client, cpu_image):
 
 
 def test_offline_runs_both_modes_and_the_correctness_check(client, cpu_image):
-    result, _, _ = bench.run_harness(client, cpu_image, OFFLINE, print)
+    result, _, _ = harness.run_harness(client, cpu_image, OFFLINE, print)
     assert result["errors"] == {}
     assert set(result["modes"]) == {"stock", "fast"}
     assert [c["case"] for c in result["cases"]] == ["prefill-bs16", "decode-bs64"]
@@ -77,7 +77,7 @@ def test_offline_runs_both_modes_and_the_correctness_check(client, cpu_image):
 
 
 def test_served_starts_each_mode_and_records_two_rounds(client, cpu_image):
-    result, _, _ = bench.run_harness(client, cpu_image, SERVED, print)
+    result, _, _ = harness.run_harness(client, cpu_image, SERVED, print)
     assert result["errors"] == {}
     assert set(result["modes"]) == {"stock", "fast"}
     for mode, flag in (("stock", "--no-kv-sharing-fast-prefill"), ("fast", "--kv-sharing-fast-prefill")):

@@ -4,7 +4,7 @@ builds through the docker CLI on the engine under test, FROM the local root file
 import pytest
 from docker.errors import ImageNotFound
 
-from gemma4_images.docker_build import BuildFailed, BuildSpec, build_with_buildkit
+from gemma4_images.build.docker_build import BuildFailed, BuildSpec, build_with_buildkit
 
 pytestmark = pytest.mark.integration
 

@@ -7,8 +7,9 @@ CUDA runtime fails and tags nothing."""
 import pytest
 from docker.errors import ImageNotFound
 
-from gemma4_images import images, matrix, owned
-from gemma4_images.docker_build import BuildFailed
+from gemma4_images.build import images, owned
+from gemma4_images.build.docker_build import BuildFailed
+from gemma4_images.spec import matrix
 from testkit import tiny_model
 
 pytestmark = pytest.mark.integration

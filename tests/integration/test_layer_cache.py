@@ -7,7 +7,8 @@ import uuid
 
 import pytest
 
-from gemma4_images import images, matrix
+from gemma4_images.build import images
+from gemma4_images.spec import matrix
 from testkit import tiny_model
 
 pytestmark = pytest.mark.integration

@@ -21,7 +21,10 @@ from docker.errors import NotFound
 from local_registry import forget, start_registry, stop_registry
 from test_no_secrets import places_holding
 
-from gemma4_images import matrix, model_image, registry, server, smoke
+from gemma4_images.build import registry
+from gemma4_images.check import server, smoke
+from gemma4_images.publish import model_image
+from gemma4_images.spec import matrix
 from testkit import exchanges, trained
 from testkit.exec_forward import ExecForward
 

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from gemma4_images import localbase, matrix
-from gemma4_images.docker_build import BuildSpec, build
+from gemma4_images.build import localbase
+from gemma4_images.build.docker_build import BuildSpec, build
+from gemma4_images.spec import matrix
 
 pytestmark = pytest.mark.integration
 

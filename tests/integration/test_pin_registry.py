@@ -12,8 +12,9 @@ import local_registry
 import pytest
 from docker.errors import ImageNotFound
 
-from gemma4_images import facts, images, matrix
-from gemma4_images.docker_build import BuildSpec, base_digest, build, local_image
+from gemma4_images.build import images
+from gemma4_images.build.docker_build import BuildSpec, base_digest, build, local_image
+from gemma4_images.spec import facts, matrix
 
 pytestmark = pytest.mark.integration
 TAG = "vllm/vllm-openai:v0.30.0-cu129"  # h100's base; h200 shares it through a YAML anchor

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from gemma4_images.modules import load_file
+from gemma4_images.spec.modules import load_file
 
 pytestmark = pytest.mark.integration
 

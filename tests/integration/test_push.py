@@ -12,10 +12,10 @@ import local_registry
 import pytest
 from docker.errors import ImageNotFound
 
-from gemma4_images import publish
-from gemma4_images.docker_build import BuildSpec, build
-from gemma4_images.server import free_port
-from gemma4_images.smoke import Check, Report
+from gemma4_images.build.docker_build import BuildSpec, build
+from gemma4_images.check.server import free_port
+from gemma4_images.check.smoke import Check, Report
+from gemma4_images.publish import publish
 
 pytestmark = pytest.mark.integration
 TEST_IMAGE = "gemma4-e2b-test/push:roundtrip"

@@ -13,7 +13,8 @@ import urllib.request
 import pytest
 import yaml
 
-from gemma4_images import k8s, running, server, smoke, traffic
+from gemma4_images.check import running, server, smoke, traffic
+from gemma4_images.generate import k8s
 from testkit import tiny_model
 from tests import stuck_engine
 

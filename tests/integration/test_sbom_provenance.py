@@ -13,8 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from gemma4_images import facts, image_contents, matrix, provenance, sbom
-from gemma4_images.docker_build import BuildSpec, build
+from gemma4_images.build import probe
+from gemma4_images.build.docker_build import BuildSpec, build
+from gemma4_images.check import image_contents
+from gemma4_images.publish import provenance, sbom
+from gemma4_images.spec import facts, matrix
 from testkit import tiny_model
 from testkit.in_toto import parse
 
@@ -163,7 +166,7 @@ def test_provenance_of_the_cpu_image_names_the_real_digests(client, cpu_image, c
     assert deps["source"] == {"gitCommit": facts.revision().removesuffix("-dirty")}
     manifest = json.loads(in_image(client, cpu_image, "cat", "/etc/gemma4-e2b/fixes.json"))
     # The upstream files the fixes target, as the image without fixes holds them.
-    upstream = image_contents.read_paths(
+    upstream = probe.files(
         client, unfixed_image, [f"{manifest['root']}/{path}" for f in manifest["fixes"] for path in f["files"]]
     )
     assert len(upstream) == 4

@@ -18,10 +18,11 @@ import local_registry
 import pytest
 from test_no_secrets import files_holding
 
-from gemma4_images import attach, matrix, publish, signing, verify
-from gemma4_images import registry as registry_api
-from gemma4_images.docker_build import BuildSpec, build
-from gemma4_images.smoke import Check, Report
+from gemma4_images.build import registry as registry_api
+from gemma4_images.build.docker_build import BuildSpec, build
+from gemma4_images.check.smoke import Check, Report
+from gemma4_images.publish import attach, publish, signing, verify
+from gemma4_images.spec import matrix
 
 pytestmark = pytest.mark.integration
 TARGET = "xeon6"

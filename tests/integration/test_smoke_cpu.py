@@ -12,7 +12,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from gemma4_images import matrix, server, smoke, wheels
+from gemma4_images.build import wheels
+from gemma4_images.check import server, smoke
+from gemma4_images.spec import matrix
 from testkit import exchanges, tiny_model, trained
 from tests import stuck_engine
 

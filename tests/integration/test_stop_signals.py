@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from gemma4_images import matrix, owned
+from gemma4_images.build import owned
+from gemma4_images.spec import matrix
 from tests import signals
 
 pytestmark = pytest.mark.integration

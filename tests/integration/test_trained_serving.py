@@ -14,7 +14,7 @@ import json
 import pytest
 from docker.errors import NotFound
 
-from gemma4_images import server, smoke
+from gemma4_images.check import server, smoke
 from testkit import exchanges, prompts, trained
 
 pytestmark = pytest.mark.integration

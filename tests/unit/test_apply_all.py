@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gemma4_images.modules import load_file
+from gemma4_images.spec.modules import load_file
 
 PATCHES = Path(__file__).resolve().parents[2] / "patches"
 APPLY = PATCHES / "apply_all.py"

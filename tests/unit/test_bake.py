@@ -9,8 +9,10 @@ import subprocess
 import hcl2
 import pytest
 
-from gemma4_images import bake, facts, images, matrix, render, wheels
-from gemma4_images.facts import BUILD_FACTS
+from gemma4_images.build import images, wheels
+from gemma4_images.generate import bake, render
+from gemma4_images.spec import facts, matrix
+from gemma4_images.spec.facts import BUILD_FACTS
 
 ROOT = matrix.ROOT
 

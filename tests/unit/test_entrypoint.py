@@ -6,9 +6,9 @@ import shlex
 
 import pytest
 
-from gemma4_images import matrix
-from gemma4_images.facts import BUILD_FACTS
-from gemma4_images.image_code import gemma4_serve as serve
+from gemma4_images.spec import matrix
+from gemma4_images.spec.facts import BUILD_FACTS
+from gemma4_images.spec.image_code import gemma4_serve as serve
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,8 @@ build.lock at the same version with the same hashes (scripts/lock.sh compiles it
 
 import re
 
-from gemma4_images.matrix import ROOT
-from gemma4_images.wheels import lock_entries
+from gemma4_images.build.wheels import lock_entries
+from gemma4_images.spec.matrix import ROOT
 
 BUILD, TEST = ROOT / "requirements" / "build.lock", ROOT / "requirements" / "test.lock"
 

@@ -12,8 +12,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from gemma4_images import k8s, matrix, publish, running
-from gemma4_images.image_code import gemma4_serve
+from gemma4_images.check import running
+from gemma4_images.generate import k8s
+from gemma4_images.publish import publish
+from gemma4_images.spec import matrix
+from gemma4_images.spec.image_code import gemma4_serve
 
 M = matrix.load()
 TARGETS = list(M.targets)

@@ -1,61 +1,66 @@
-"""The package's import graph, read from the source: rendering sits below the engine, nothing
-imports upward, and test support reaches the product only where a command serves the test model."""
+"""The package's import graph, read from the source: each stage package imports only from the
+stages above it (gemma4_images/__init__.py lists them in order), nothing below the build stage
+touches the engine, and test support reaches the product only where a command serves the test
+model."""
 
 import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "gemma4_images"
+# The stages in import order: each may import itself and those before it. cli is the top floor.
+STAGES = ["spec", "generate", "build", "check", "publish", "bench", "cli"]
 ENGINE = {"<docker>", "<testcontainers>"}
-# Turning targets.yaml into text (Dockerfiles, recipes, bake file, manifests, pins) needs no engine.
-PURE = ("matrix", "facts", "render", "bake", "k8s", "pin", "registry")
+
+
+def stage_of(path: Path) -> str:
+    rel = path.relative_to(PACKAGE)
+    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
 
 
 def imports(path: Path) -> set[str]:
+    """What a module imports, as stages of the package, or <docker>, <testcontainers>, <testkit>."""
     out = set()
     for node in ast.walk(ast.parse(path.read_text())):
+        names = []
         if isinstance(node, ast.ImportFrom):
-            module = node.module or ""
-            if node.level == 1:
-                out |= {module.split(".")[0]} if module else {a.name for a in node.names}
-            elif module == "gemma4_images":
-                out |= {a.name for a in node.names}
-            elif module.startswith("gemma4_images."):
-                out.add(module.split(".")[1])
-            elif module.split(".")[0] in ("docker", "testcontainers", "testkit"):
-                out.add(f"<{module.split('.')[0]}>")
+            assert node.level == 0, f"{path}: relative import (the package imports absolutely)"
+            names = [node.module or ""]
         elif isinstance(node, ast.Import):
-            out |= {
-                f"<{a.name.split('.')[0]}>" for a in node.names if a.name.split(".")[0] in ("docker", "testcontainers")
-            }
+            names = [a.name for a in node.names]
+        for name in names:
+            top, _, rest = name.partition(".")
+            if top == "gemma4_images":
+                out.add(rest.split(".")[0])
+            elif top in ("docker", "testcontainers", "testkit"):
+                out.add(f"<{top}>")
     return out
 
 
 def graph() -> dict[str, set[str]]:
-    return {p.stem: imports(p) for p in PACKAGE.glob("*.py")}
+    """{module path relative to the package: what it imports}."""
+    return {str(p.relative_to(PACKAGE)): imports(p) for p in PACKAGE.rglob("*.py") if p.name != "__init__.py"}
 
 
-def reach(g: dict[str, set[str]], start: str) -> set[str]:
-    seen, todo = set(), [start]
-    while todo:
-        for dep in g.get(todo.pop(), ()):
-            if dep not in seen:
-                seen.add(dep)
-                todo.append(dep)
-    return seen
+def test_every_module_is_in_a_stage():
+    loose = [m for m in graph() if stage_of(PACKAGE / m) not in STAGES]
+    assert loose == [], f"modules outside the stages {STAGES}: {loose}"
 
 
-def test_rendering_is_below_the_engine():
+def test_each_stage_imports_only_from_the_stages_above_it():
+    upward = []
+    for module, deps in graph().items():
+        rank = STAGES.index(stage_of(PACKAGE / module))
+        upward += [(module, d) for d in deps if not d.startswith("<") and STAGES.index(d) > rank]
+    assert upward == [], f"imports from a later stage: {upward}"
+
+
+def test_spec_and_generate_need_no_engine():
+    # Turning targets.yaml into text (Dockerfiles, recipes, bake file, manifests) needs no engine.
     g = graph()
-    for module in PURE:
-        assert not reach(g, module) & (ENGINE | {"docker_build", "images", "smoke"}), (module, sorted(reach(g, module)))
-
-
-def test_nothing_imports_upward_and_there_are_no_cycles():
-    g = graph()
-    assert not [m for m, deps in g.items() if "cli" in deps], "cli is the top floor"
-    assert [m for m in g if m in reach(g, m)] == [], "an import cycle"
+    engine = [m for m, deps in g.items() if stage_of(PACKAGE / m) in ("spec", "generate") and deps & ENGINE]
+    assert engine == []
 
 
 def test_test_support_only_where_a_command_serves_the_test_model():
     g = graph()
-    assert sorted(m for m, deps in g.items() if "<testkit>" in deps) == ["bench", "cli"]
+    assert sorted({stage_of(PACKAGE / m) for m, deps in g.items() if "<testkit>" in deps}) == ["bench", "cli"]

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from docker.errors import ImageNotFound
 
-from gemma4_images import localbase, matrix, wheels
+from gemma4_images.build import localbase, wheels
+from gemma4_images.spec import matrix
 
 M = matrix.load()
 CPU = M.standins[localbase.CPU_STANDIN]
@@ -139,7 +140,7 @@ def test_without_a_buildkit_cli_the_base_build_is_refused_before_anything_is_mad
     # The stand-in base builds with BuildKit. A docker CLI that cannot (here one whose
     # `build --help` fails, as a new CLI without its buildx plugin does) is refused in one line,
     # before the root filesystem or the wheelhouse is made.
-    from gemma4_images import docker_build
+    from gemma4_images.build import docker_build
 
     fake = tmp_path / "docker"
     fake.write_text("#!/bin/sh\necho 'ERROR: BuildKit is enabled but the buildx component is missing' >&2\nexit 1\n")

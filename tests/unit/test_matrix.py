@@ -5,8 +5,8 @@ import shlex
 import pytest
 import yaml
 
-from gemma4_images import matrix
-from gemma4_images.matrix import MatrixError
+from gemma4_images.spec import matrix
+from gemma4_images.spec.matrix import MatrixError
 
 ALL_TARGETS = {
     "gaudi2",

@@ -10,7 +10,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from gemma4_images import k8s, matrix, model_image
+from gemma4_images.generate import k8s
+from gemma4_images.publish import model_image
+from gemma4_images.spec import matrix
 
 M = matrix.load()
 # Image volumes exist in the API from 1.31 (alpha); subPath into them works from 1.33 (beta).

@@ -7,7 +7,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from gemma4_images import matrix
+from gemma4_images.spec import matrix
 
 # Armored keys (OpenPGP, PEM, OpenSSH) and GnuPG 2.1+'s private-keys-v1.d files (a canonical
 # S-expression opening with a length-prefixed private-key atom, or the extended "Key:" format).

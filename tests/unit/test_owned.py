@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from gemma4_images import owned
+from gemma4_images.build import owned
 
 
 @pytest.fixture

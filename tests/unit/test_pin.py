@@ -3,7 +3,8 @@ against a real one is tests/integration/test_pin.py)."""
 
 import pytest
 
-from gemma4_images import matrix, pin, registry
+from gemma4_images.build import pin, registry
+from gemma4_images.spec import matrix, reference
 
 DIGEST_A = "sha256:" + "a" * 64
 DIGEST_B = "sha256:" + "b" * 64
@@ -24,7 +25,7 @@ DIGEST_B = "sha256:" + "b" * 64
     ],
 )
 def test_references_split_as_docker_reads_them(ref, parts):
-    image = registry.Reference.split(ref)
+    image = reference.Reference.split(ref)
     assert (image.host, image.repository, image.tag_or_digest) == parts
     assert registry.api_host(parts[0]) == ("registry-1.docker.io" if parts[0] == "docker.io" else parts[0])
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from test_apply_all import edit, make_diff, ok, sha  # the applier tests' helpers (tests/unit is on the path)
 
-from gemma4_images.modules import load_file
+from gemma4_images.spec.modules import load_file
 
 REPO = Path(__file__).resolve().parents[2]
 PORT = REPO / "scripts" / "port-fixes.py"

@@ -8,7 +8,8 @@ import json
 import pytest
 from test_sbom import PATCHES, standin
 
-from gemma4_images import matrix, provenance
+from gemma4_images.publish import provenance
+from gemma4_images.spec import matrix
 from testkit.in_toto import ParseError, parse
 
 

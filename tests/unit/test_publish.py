@@ -8,8 +8,10 @@ import time
 import pytest
 from docker.errors import ImageNotFound
 
-from gemma4_images import matrix, publish, registry
-from gemma4_images.smoke import Check, Report
+from gemma4_images.build import registry
+from gemma4_images.check.smoke import Check, Report
+from gemma4_images.publish import publish
+from gemma4_images.spec import matrix
 
 M = matrix.load()
 SHA = "0123456789abcdef0123456789abcdef01234567"

@@ -28,8 +28,9 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from gemma4_images import matrix as matrix_mod
-from gemma4_images import pycode, wheels
+from gemma4_images.build import wheels
+from gemma4_images.spec import matrix as matrix_mod
+from gemma4_images.spec import pycode
 
 REPO = Path(__file__).resolve().parents[2]
 PACK = REPO / "patches"

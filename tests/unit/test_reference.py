@@ -6,8 +6,9 @@ import dataclasses
 
 import pytest
 
-from gemma4_images import docker_build, sbom
-from gemma4_images.registry import REFERENCE_RULE, BadReference, Reference, recorded_digest
+from gemma4_images.build import docker_build
+from gemma4_images.publish import sbom
+from gemma4_images.spec.reference import REFERENCE_RULE, BadReference, Reference, recorded_digest
 
 D = "sha256:" + "a" * 64
 
@@ -156,7 +157,8 @@ def test_oci_purl_names_the_image_by_its_last_path_part():
 def test_an_image_name_with_a_registry_port_keeps_the_version_label_and_the_k8s_version():
     # project.image may name a registry with a port; the version is the tag, never what follows
     # the port's colon (facts and k8s used to split the tag string at its first ':').
-    from gemma4_images import facts, k8s, matrix
+    from gemma4_images.generate import k8s
+    from gemma4_images.spec import facts, matrix
 
     loaded = matrix.load()
     project = loaded.project.model_copy(update={"image": "registry.local:5000/ml/gemma4-e2b"})

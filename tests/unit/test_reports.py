@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from gemma4_images import reports
+from gemma4_images.publish import reports
 
 
 class Engine:

@@ -3,7 +3,8 @@
 import shlex
 import types
 
-from gemma4_images import matrix, running
+from gemma4_images.check import running
+from gemma4_images.spec import matrix
 
 M = matrix.load()
 

@@ -10,8 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from gemma4_images import image_contents, localbase, matrix, sbom
-from gemma4_images.image_contents import DPKG_STATUS, PACK, RECORDS, Contents
+from gemma4_images.build import localbase
+from gemma4_images.check import image_contents
+from gemma4_images.check.image_contents import DPKG_STATUS, PACK, RECORDS, Contents
+from gemma4_images.publish import sbom
+from gemma4_images.spec import matrix
 
 PATCHES = matrix.ROOT / "patches"
 STATUS = """\

@@ -1,6 +1,7 @@
 """The smoke's plan: the checks kept out of the concurrent run name checks that exist."""
 
-from gemma4_images import matrix, smoke
+from gemma4_images.check import smoke
+from gemma4_images.spec import matrix
 
 M = matrix.load()
 

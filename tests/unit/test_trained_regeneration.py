@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from gemma4_images.matrix import ROOT
-from gemma4_images.upstream import cache_dir
+from gemma4_images.spec.matrix import ROOT
+from gemma4_images.spec.upstream import cache_dir
 from testkit import greedy, prompts, tiny_model, train, trained
 
 pytestmark = pytest.mark.slow  # torch or tokenizers work: `make test-fast` leaves it out

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from gemma4_images import matrix
-from gemma4_images.server import free_port
+from gemma4_images.check.server import free_port
+from gemma4_images.spec import matrix
 
 
 def verify(*args, env=None):

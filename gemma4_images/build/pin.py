@@ -1,0 +1,138 @@
+"""`build.py pin`: record the registry digest of every base image in targets.yaml, so builds pull
+`image@digest` instead of floating with the tag; `--check` reports every tag whose digest moved.
+
+targets.yaml is edited as text, one `digest:` line per image, so its comments, anchors and layout
+stay as they are; the edited file is loaded again and must give exactly the new digests."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from gemma4_images.build import registry
+from gemma4_images.spec import matrix as matrix_mod
+from gemma4_images.spec import reference
+
+
+class PinError(Exception):
+    pass
+
+
+@dataclass
+class Base:
+    image: str  # the tag as targets.yaml writes it
+    recorded: str | None  # the digest targets.yaml holds for it
+    targets: list[str]  # whose base (or Gaudi stage 1) it is
+
+
+@dataclass
+class Result:
+    base: Base
+    digest: str | None = None
+    error: str | None = None
+
+    @property
+    def state(self) -> str:
+        if self.error:
+            return "error"
+        if self.digest is None:
+            return "missing"
+        if self.base.recorded is None:
+            return "unpinned"
+        return "ok" if self.digest == self.base.recorded else "moved"
+
+    def line(self) -> str:
+        b = self.base
+        text = {
+            "ok": f"pinned at {b.recorded}",
+            "moved": f"targets.yaml has {b.recorded}, the registry now has {self.digest}",
+            "unpinned": f"not pinned; the registry has {self.digest}",
+            "missing": "the registry has no such tag",
+            "error": f"cannot resolve: {self.error}",
+        }[self.state]
+        return f"{self.state.upper():<9} {b.image} ({', '.join(b.targets)}): {text}"
+
+
+def bases(matrix: matrix_mod.Matrix, names: list[str]) -> list[Base]:
+    """Every registry image the named targets build on, once each: their bases and Gaudi's stage-1
+    image. A base that stage 1 builds here has no registry digest to pin."""
+    found: dict[str, Base] = {}
+    for name in names:
+        t = matrix.targets[name]
+        images = [t.stage1] if t.stage1 else [t.base]
+        for img in images:
+            entry = found.setdefault(img.image, Base(img.image, img.digest, []))
+            entry.targets.append(name)
+    return list(found.values())
+
+
+def resolve(entries: list[Base]) -> list[Result]:
+    results = []
+    for base in entries:
+        try:
+            results.append(Result(base, registry.digest_of(base.image)))
+        except registry.RegistryError as e:
+            results.append(Result(base, error=str(e)))
+    return results
+
+
+def write(path: Path, digests: dict[str, str], today: str | None = None) -> list[str]:
+    """Set the digest line under each `image: <tag>` line of path; returns the images changed."""
+    today = today or datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    lines = path.read_text().splitlines(keepends=True)
+    changed = []
+    for image, digest in digests.items():
+        host = registry.api_host(reference.Reference.split(image).host)
+        comment = f"  # pinned by `build.py pin` from {host} on {today}"
+        hits = [
+            i
+            for i, line in enumerate(lines)
+            if re.fullmatch(rf"\s*image:\s*{re.escape(image)}\s*(#.*)?", line.rstrip("\n"))
+        ]
+        if not hits:
+            raise PinError(f"{path}: no `image: {image}` line to pin")
+        for i in reversed(hits):
+            indent = len(lines[i]) - len(lines[i].lstrip())
+            at = _sibling(lines, i, indent, "digest:")
+            new = f"{' ' * indent}digest: {digest}{comment}\n"
+            if at is None:
+                lines.insert(i + 1, new)
+                changed.append(image)
+            elif lines[at].split("#")[0].split(":", 1)[1].strip() != digest:
+                lines[at] = new
+                changed.append(image)
+    text = "".join(lines)
+    # The edit must mean exactly what was asked: load it back before anything is written.
+    tmp = path.with_name(f".{path.name}.pin")
+    tmp.write_text(text)
+    try:
+        loaded = matrix_mod.load(tmp)
+        for image, digest in digests.items():
+            got = {
+                img.digest for t in loaded.targets.values() for img in (t.base, t.stage1) if img and img.image == image
+            }
+            if got != {digest}:
+                raise PinError(
+                    f"{path}: pinning {image} would give digests {sorted(map(str, got))}; edit its digest lines by hand"
+                )
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return sorted(set(changed))
+
+
+def _sibling(lines: list[str], i: int, indent: int, key: str) -> int | None:
+    """The line of `key` in the same YAML mapping as line i (same indent; comments, blank lines and
+    deeper lines skipped; the mapping ends at the first line indented less)."""
+    for j in range(i + 1, len(lines)):
+        stripped = lines[j].strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        depth = len(lines[j]) - len(lines[j].lstrip())
+        if depth < indent:
+            return None
+        if depth == indent and stripped.startswith(key):
+            return j
+    return None

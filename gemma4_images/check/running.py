@@ -1,0 +1,123 @@
+"""`docker run` lines per target, and reading what an image says about itself."""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shlex
+
+from gemma4_images.spec.matrix import Matrix, Present, Run
+
+HF_CACHE = "/root/.cache/huggingface"
+
+
+def docker_flags(run: Run) -> list[str]:
+    """A target's `run` fields (targets.yaml) as `docker run` options, in the recipes' order."""
+    flags = [f"--runtime={run.runtime}"] if run.runtime else []
+    flags += ["--gpus", run.gpus] if run.gpus else []
+    for key, value in run.env.items():
+        flags += ["-e", f"{key}={value}"]
+    flags += ["--privileged"] if run.privileged else []
+    flags += [f"--cap-add={c}" for c in run.cap_add]
+    flags += [f"--device={d}" for d in run.devices]
+    flags += [f"--group-add={g}" for g in run.group_add]
+    flags += [f"--security-opt={s}" for s in run.security_opt]
+    flags += [f"--ipc={run.ipc}"] if run.ipc else []
+    flags += [f"--network={run.network}"] if run.network else []
+    flags += [f"--shm-size={run.shm_size}"] if run.shm_size else []
+    for host, container in run.volumes.items():
+        flags += ["-v", f"{host}:{container}"]
+    for name in run.pass_env:
+        flags += ["-e", name]
+    for mapping in run.publish:
+        flags += ["-p", mapping]
+    return flags
+
+
+def sdk_kwargs(run: Run) -> dict:
+    """The same fields as Docker SDK keyword arguments (containers.run / testcontainers). Ports and
+    the network are left out: the smoke tier always uses host networking on 127.0.0.1."""
+    from docker.types import DeviceRequest
+
+    kw: dict = {"environment": {**run.env, **{n: os.environ.get(n, "") for n in run.pass_env}}}
+    if run.runtime:
+        kw["runtime"] = run.runtime
+    if run.gpus:
+        # --gpus all; a count or device list is not used by any recipe.
+        kw["device_requests"] = [DeviceRequest(count=-1, capabilities=[["gpu"]])]
+    if run.privileged:
+        kw["privileged"] = True
+    for key, values in (("cap_add", run.cap_add), ("group_add", run.group_add), ("security_opt", run.security_opt)):
+        if values:
+            kw[key] = list(values)
+    if run.devices:
+        kw["devices"] = [f"{d}:{d}" for d in run.devices]
+    if run.ipc:
+        kw["ipc_mode"] = run.ipc
+    if run.shm_size:
+        kw["shm_size"] = run.shm_size
+    if run.volumes:
+        kw["volumes"] = {host: {"bind": container, "mode": "rw"} for host, container in run.volumes.items()}
+    return kw
+
+
+def device_missing(client, present: Present) -> str | None:
+    """Why the family's device is not on this host (targets.yaml families.<f>.present), or None."""
+    if present.docker_runtime and present.docker_runtime not in (client.info().get("Runtimes") or {}):
+        return f"the {present.docker_runtime} container runtime is not in `docker info`"
+    if present.paths and not any(glob.glob(p) for p in present.paths):
+        return f"no device at {' or '.join(present.paths)}"
+    return None
+
+
+def run_args(
+    matrix: Matrix,
+    name: str,
+    image: str | None = None,
+    env: dict[str, str] | None = None,
+    extra: list[str] | None = None,
+) -> list[str]:
+    """The recipe's `docker run` for a target: its device flags, the HF cache, then the image."""
+    args = ["docker", "run", "--rm", *docker_flags(matrix.targets[name].run)]
+    args += ["-v", f"$HOME/.cache/huggingface:{HF_CACHE}"]
+    for key, value in (env or {}).items():
+        args += ["-e", f"{key}={value}"]
+    return args + [image or matrix.tag(name), *(extra or [])]
+
+
+def run_line(*a, **kw) -> str:
+    # $HOME stays unquoted so the user's shell expands it.
+    return " ".join(arg if arg.startswith("$HOME/") else shlex.quote(arg) for arg in run_args(*a, **kw))
+
+
+def describe(image) -> dict:
+    """Labels, build.json and recipe of a local image, read without running a server."""
+    attrs = image.attrs
+    config = attrs.get("Config") or {}
+    return {
+        "id": image.id,
+        "tags": image.tags,
+        "size_mb": round(attrs.get("Size", 0) / 1e6, 1),
+        "labels": config.get("Labels") or {},
+        "entrypoint": config.get("Entrypoint"),
+        "healthcheck": config.get("Healthcheck"),
+        "env": config.get("Env"),
+    }
+
+
+def rss_bytes(container) -> int:
+    """Resident memory of every process in a running container (the server and its engine)."""
+    out = container.exec_run(["sh", "-c", "cat /proc/[0-9]*/status 2>/dev/null"]).output.decode()
+    return sum(int(kb) * 1024 for kb in re.findall(r"^VmRSS:\s+(\d+) kB", out, re.M))
+
+
+def processes(container) -> list[tuple[int, str, str]]:
+    """(pid, state, command) of every process in a running container; state Z is a zombie."""
+    out = container.exec_run(["sh", "-c", "for s in /proc/[0-9]*/stat; do cat $s 2>/dev/null; echo; done"]).output
+    rows = []
+    for line in out.decode(errors="replace").splitlines():
+        m = re.match(r"(\d+) \((.*)\) (\S)", line)
+        if m:
+            rows.append((int(m.group(1)), m.group(3), m.group(2)))
+    return rows

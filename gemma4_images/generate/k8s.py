@@ -1,0 +1,278 @@
+"""Kubernetes manifests for one target: a Deployment and a Service that run the image the way its
+recipe runs it, translated from `docker run` flags to what a cluster offers."""
+
+from __future__ import annotations
+
+import math
+import re
+import textwrap
+
+import yaml
+
+from gemma4_images.spec.matrix import Matrix, model_path
+from gemma4_images.spec.reference import Reference
+
+# Not /root/.cache/huggingface as in `docker run`: /root is 0700 in the images, so a non-root pod
+# cannot reach it (measured). One path for every target, named by HF_HOME.
+HF_HOME = "/var/cache/huggingface"
+NON_ROOT_UID = 2000  # the uid the CPU smoke tier runs as
+HTTP = "http"
+# Ready = /health answers and /v1/models lists the served model: the image's own check, on the
+# port and model name the entrypoint recorded when it started the server.
+READY_COMMAND = ["gemma4-serve", "--ready"]
+# A writable /tmp for a read-only root: vLLM, torch.compile and HOME (set by the entrypoint for a
+# uid without an account) write there. An emptyDir allows exec, which torch.compile needs.
+TMP = "/tmp"
+# A model image (`build.py model-image`) reaches the pod as an `image` volume (KEP-4639; beta and on
+# by default from Kubernetes 1.35, subPath from 1.33): read-only files at /models/<name>, as in
+# the image, so nothing is downloaded and the entrypoint serves that path with the hub offline.
+MODEL_VOLUME = "model"
+IMAGE_VOLUME_SINCE = "1.33"
+GRACE_WHY = (
+    "on SIGTERM vLLM aborts what is in flight, ends each request with a 503 (shutdown-ends-requests) "
+    "and exits 0: measured 1-3 s on the CPU tier during traffic, not yet on accelerators; raise it "
+    "above --shutdown-timeout if you pass one"
+)
+
+
+class _Dumper(yaml.SafeDumper):
+    """Plain YAML for people: no &anchors for repeated maps, scripts as literal blocks."""
+
+    def ignore_aliases(self, data):
+        return True
+
+
+_Dumper.add_representer(
+    str,
+    lambda dumper, value: dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None),
+)
+
+
+def quantity(docker_size: str) -> str:
+    """docker's --shm-size (binary units: 16G = 16 GiB) as a Kubernetes quantity."""
+    number, unit = re.fullmatch(r"(\d+)([bkmgBKMG]?)", docker_size).groups()
+    return number + {"": "", "b": "", "k": "Ki", "m": "Mi", "g": "Gi"}[unit.lower()]
+
+
+def shm_size(matrix: Matrix, name: str) -> str:
+    """/dev/shm as the recipe sizes it. --ipc=host (the host's /dev/shm, unbounded) is not given to
+    pods: it shares the node's IPC namespace with every such pod; a memory-backed emptyDir as large
+    as the recipes that do size it (16G) stands in. CPU: what its smoke tier measured, 1Gi at least."""
+    t = matrix.targets[name]
+    if t.run.shm_size:
+        return quantity(t.run.shm_size)
+    if matrix.families[t.family].accelerator == "none":
+        measured = quantity(t.smoke.shm_size or "1g")
+        return measured if measured.endswith("Gi") and int(measured[:-2]) >= 1 else "1Gi"
+    return "16Gi"
+
+
+def _model_pieces(reference: str, name: str) -> dict:
+    """The pod's volume, the container's mount and env for a model image holding /models/<name>."""
+    return {
+        "volume": {"name": MODEL_VOLUME, "image": {"reference": reference, "pullPolicy": "IfNotPresent"}},
+        "volumeMount": {
+            "name": MODEL_VOLUME,
+            "mountPath": model_path(name),
+            "subPath": model_path(name).lstrip("/"),
+            "readOnly": True,
+        },
+        "env": {"name": "GEMMA4_MODEL", "value": model_path(name)},
+    }
+
+
+def _env(matrix: Matrix, name: str, secret: str, model: dict | None = None) -> list[dict]:
+    t = matrix.targets[name]
+    family = matrix.families[t.family]
+    # The family's ENV (in the image too, spelled out here) and the recipe's `docker run -e` values,
+    # less those the device plugin sets per pod.
+    env = {**family.env, **{k: v for k, v in t.run.env.items() if k not in family.kubernetes.plugin_env}}
+    out = [{"name": k, "value": v} for k, v in env.items()]
+    out.append({"name": "HF_HOME", "value": HF_HOME})
+    if model:
+        out.append(model["env"])  # served from the image's files: no token, no download
+    else:
+        out.append(
+            {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret, "key": "token", "optional": True}}}
+        )
+    return out
+
+
+def _security(matrix: Matrix, name: str) -> tuple[dict, dict]:
+    """(pod securityContext, container securityContext), from the family's kubernetes.security."""
+    mode = _family(matrix, name).kubernetes.security.mode
+    if mode == "non-root":
+        # fsGroup makes the cache volume writable for the uid.
+        return (
+            {
+                "runAsNonRoot": True,
+                "runAsUser": NON_ROOT_UID,
+                "fsGroup": NON_ROOT_UID,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "readOnlyRootFilesystem": True},
+        )
+    if mode == "root":
+        return {}, {"allowPrivilegeEscalation": False}
+    if mode == "root+SYS_NICE":
+        return {}, {"capabilities": {"add": ["SYS_NICE"]}}
+    return {}, {"privileged": True}
+
+
+def _image(matrix: Matrix, name: str, image: str | None, digest: str | None) -> str:
+    ref = Reference.split(image or matrix.tag(name))
+    return str(ref.with_digest(digest)) if digest and not ref.digest else str(ref)
+
+
+def _container(matrix: Matrix, name: str, image: str, secret: str, model: dict | None = None) -> dict:
+    t = matrix.targets[name]
+    resource, port = _family(matrix, name).kubernetes.device_resource, matrix.project.port
+    health = {"httpGet": {"path": "/health", "port": HTTP}}
+    return {
+        "name": "vllm",
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "ports": [{"name": HTTP, "containerPort": port}],
+        "env": _env(matrix, name, secret, model),
+        # The API keeps the recipe's model name when the files come from a model image.
+        **({"args": ["--served-model-name", matrix.project.model]} if model else {}),
+        **({"resources": {"limits": {resource: t.kubernetes.devices}}} if resource else {}),
+        "securityContext": _security(matrix, name)[1],
+        "volumeMounts": [
+            {"name": "dshm", "mountPath": "/dev/shm"},
+            {"name": "hf-cache", "mountPath": HF_HOME},
+            *([{"name": "tmp", "mountPath": TMP}] if read_only(matrix, name) else []),
+            *([model["volumeMount"]] if model else []),
+        ],
+        # Warm-up (download, load, compile) gets the target's whole budget before liveness counts.
+        "startupProbe": {
+            **health,
+            "periodSeconds": 10,
+            "timeoutSeconds": 5,
+            "failureThreshold": math.ceil(t.startup_budget_s / 10),
+        },
+        "readinessProbe": {
+            "exec": {"command": READY_COMMAND},
+            "periodSeconds": 10,
+            "timeoutSeconds": 10,
+            "failureThreshold": 3,
+        },
+        # The image's own HEALTHCHECK: every 30 s, 10 s timeout, 3 misses.
+        "livenessProbe": {**health, "periodSeconds": 30, "timeoutSeconds": 10, "failureThreshold": 3},
+    }
+
+
+def read_only(matrix: Matrix, name: str) -> bool:
+    return bool(_security(matrix, name)[1].get("readOnlyRootFilesystem"))
+
+
+def _family(matrix: Matrix, name: str):
+    return matrix.families[matrix.targets[name].family]
+
+
+def _pod(matrix: Matrix, name: str, container: dict, pvc: str | None, model: dict | None = None) -> dict:
+    t = matrix.targets[name]
+    pod_sc = _security(matrix, name)[0]
+    # With a model image nothing is downloaded: HF_HOME stays writable on an emptyDir.
+    cache = {"persistentVolumeClaim": {"claimName": pvc}} if pvc and not model else {"emptyDir": {}}
+    return {
+        # SIGTERM ends the requests in flight with a 503 (shutdown-ends-requests) and vLLM exits;
+        # this is how long that may take before the kubelet kills it.
+        "terminationGracePeriodSeconds": t.shutdown_grace_s,
+        # Kubernetes puts <SERVICE>_PORT=tcp://... in every pod's env; a Service named vllm would
+        # set VLLM_PORT, which vLLM reads as its own setting and fails on.
+        "enableServiceLinks": False,
+        **({"securityContext": pod_sc} if pod_sc else {}),
+        **({"nodeSelector": dict(t.kubernetes.node_selector)} if t.kubernetes.node_selector else {}),
+        "containers": [container],
+        "volumes": [
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size(matrix, name)}},
+            {"name": "hf-cache", **cache},
+            *([{"name": "tmp", "emptyDir": {}}] if read_only(matrix, name) else []),
+            *([model["volume"]] if model else []),
+        ],
+    }
+
+
+def _header(matrix: Matrix, name: str, pvc: str | None, secret: str, model_image: str | None = None) -> str:
+    t = matrix.targets[name]
+    resource = _family(matrix, name).kubernetes.device_resource
+    needs = ([f"the {resource} device plugin"] if resource else []) + (
+        [
+            f"Kubernetes {IMAGE_VOLUME_SINCE}+ with image volumes (the ImageVolume feature, on by default "
+            f"from 1.35) and a runtime that supports them, for the model image {model_image}"
+        ]
+        if model_image
+        else ([f"PersistentVolumeClaim {pvc} (ReadWriteMany for more than one replica)"] if pvc else [])
+        + [f"optionally Secret {secret} with key token (HF_TOKEN)"]
+    )
+    notes = [
+        f"{matrix.project.image}-{name}: {matrix.project.model} on vLLM {matrix.project.vllm_version} ({t.hardware}).",
+        "Generated by `python build.py k8s`. Needs: " + "; ".join(needs) + ".",
+        f"securityContext: {_family(matrix, name).kubernetes.security.why}.",
+        f"terminationGracePeriodSeconds: {t.shutdown_grace_s} ({GRACE_WHY}).",
+        f"/dev/shm: {shm_size(matrix, name)} in memory ({_shm_reason(matrix, name)}).",
+    ]
+    return "".join(
+        line + "\n" for note in notes for line in textwrap.wrap(note, 98, initial_indent="# ", subsequent_indent="#   ")
+    )
+
+
+def render_k8s(
+    matrix: Matrix,
+    name: str,
+    replicas: int = 1,
+    image: str | None = None,
+    digest: str | None = None,
+    *,
+    hf_cache_pvc: str | None = "gemma4-e2b-hf-cache",
+    hf_token_secret: str = "hf-token",
+    model_image: str | None = None,
+    model_name: str | None = None,
+) -> str:
+    """Deployment + Service (multi-document YAML). image may already be repo@digest (from
+    reports/pushed.json); hf_cache_pvc=None keeps the cache in the pod (an emptyDir). model_image
+    (a `build.py model-image` reference holding /models/<model_name>) is mounted instead of the
+    HF cache and token."""
+    app = f"{matrix.project.image}-{name}"
+    labels = {"app.kubernetes.io/name": matrix.project.image, "app.kubernetes.io/instance": app}
+    on_device = _family(matrix, name).kubernetes.device_resource is not None
+    model = _model_pieces(model_image, model_name) if model_image else None
+    container = _container(matrix, name, _image(matrix, name, image, digest), hf_token_secret, model)
+    version = Reference.split(matrix.tag(name)).tag
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": app, "labels": {**labels, "app.kubernetes.io/version": version}},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": labels},
+            # An accelerator node rarely has a spare device for a surge pod: replace, don't add.
+            **(
+                {"strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}}
+                if on_device
+                else {}
+            ),
+            "template": {"metadata": {"labels": labels}, "spec": _pod(matrix, name, container, hf_cache_pvc, model)},
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": app, "labels": labels},
+        "spec": {"selector": labels, "ports": [{"name": HTTP, "port": matrix.project.port, "targetPort": HTTP}]},
+    }
+    dump = lambda doc: yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=110)  # noqa: E731
+    return (
+        _header(matrix, name, hf_cache_pvc, hf_token_secret, model_image) + dump(deployment) + "---\n" + dump(service)
+    )
+
+
+def _shm_reason(matrix: Matrix, name: str) -> str:
+    given = matrix.targets[name].run.shm_size
+    if given:
+        return f"the recipe's --shm-size {given}"
+    host_ipc = "the recipe's --ipc=host is not given to pods"
+    if matrix.families[matrix.targets[name].family].accelerator == "none":
+        return f"{host_ipc}; what the CPU smoke tier needs, 1Gi at least"
+    return f"{host_ipc}; as large as the recipes that size it"

@@ -1,0 +1,323 @@
+"""Push built images to a registry: gated on their smoke report, skipped when the registry already
+holds the same digest, the target's SBOM and provenance attached to the pushed digest (attach.py),
+every tag signed when a key is given (signing.py), all of it recorded in reports/pushed.json."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+from gemma4_images.build import registry as registry_api
+from gemma4_images.build.docker_build import ANSI, local_image
+from gemma4_images.publish import attach, signing
+from gemma4_images.spec import facts, reference
+from gemma4_images.spec.matrix import Matrix
+
+SHORT_SHA = 7
+PUSHED_FILE = "pushed.json"
+
+
+class PushError(Exception):
+    """A push that cannot or must not happen; the message is one line saying why and what to do."""
+
+
+class RegistryUnavailable(PushError):
+    pass
+
+
+def split_registry(registry: str) -> tuple[str, str]:
+    """'HOST[:PORT][/NAMESPACE]' -> (host, namespace). A registry must name its host: a bare
+    namespace would send the image to Docker Hub, which nobody means by --registry."""
+    try:
+        reference.check_registry_spec(registry)
+    except reference.BadReference as e:
+        raise PushError(str(e)) from None
+    host, _, namespace = registry.strip().rstrip("/").partition("/")
+    return host, namespace
+
+
+def registry_path(registry: str, *path: str) -> str:
+    """HOST[/NAMESPACE]/PATH...: where an image goes in the registry."""
+    host, namespace = split_registry(registry)
+    return "/".join(p for p in (host, namespace, *path) if p)
+
+
+def repository(matrix: Matrix, registry: str) -> str:
+    return registry_path(registry, matrix.project.image)
+
+
+def short_revision(image, allow_dirty: bool) -> str:
+    """The commit the image was built from (its revision label; the checkout's when the image has
+    none), shortened. HEAD may have moved since the build, so the label is the truth."""
+    full = (image.labels or {}).get("org.opencontainers.image.revision") or facts.revision()
+    sha, dirty = full.removesuffix("-dirty"), full.endswith("-dirty")
+    if sha == "unknown" or not sha:
+        raise PushError(
+            "the image records no git revision, so it cannot get a -v<vllm>-<sha> tag; build it from a git checkout"
+        )
+    if dirty and not allow_dirty:
+        raise PushError(
+            f"the image was built from uncommitted changes (revision {sha[:SHORT_SHA]}-dirty); "
+            "commit and rebuild, or pass --allow-dirty to push it tagged …-dirty"
+        )
+    return sha[:SHORT_SHA] + ("-dirty" if dirty else "")
+
+
+def tags_for(matrix: Matrix, name: str, revision: str, moving_tag: bool) -> list[str]:
+    version = f"{name}-v{matrix.project.vllm_version}"
+    return [version, f"{version}-{revision}"] + ([name] if moving_tag else [])
+
+
+# -- the smoke gate ------------------------------------------------------------------------------
+
+
+def smoke_refusal(client, name: str, image, reports_dir: Path) -> str | None:
+    """Why image may not be pushed for target name, or None when its smoke report clears it."""
+    path = Path(reports_dir) / f"smoke-{name}.json"
+    run = f"run `python build.py smoke {name}` first"
+    try:
+        report = json.loads(path.read_text())
+    except OSError:
+        return f"no smoke report for {name} ({path}); {run}"
+    except ValueError:
+        return f"{path} is not valid JSON; {run}"
+    if report.get("target") != name:
+        return f"{path} is for target {report.get('target')!r}, not {name}; {run}"
+    if not report.get("ok"):
+        failed = [c["name"] for c in report.get("checks", []) if c.get("status") == "fail"]
+        return f"the smoke test of {report.get('image')} failed ({', '.join(failed) or 'no checks'}; {path})"
+    # The report names the image it tested; it clears this image only if that is the same image id.
+    tested = report.get("image_id") or getattr(local_image(client, report.get("image") or ""), "id", None)
+    if tested != image.id:
+        return (
+            f"{path} tested {report.get('image')} ({(tested or 'no longer here')[:19]}), not this image "
+            f"({image.id[:19]}); {run} on the image you push"
+        )
+    # An image rebuilt under the same tag after its smoke test has the tag but not the test.
+    built = image.attrs.get("Created", "")[:19]
+    written = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(path.stat().st_mtime))
+    if not report.get("image_id") and built > written:
+        return f"the image was built ({built}Z) after its smoke report ({written}Z); {run} again"
+    return None
+
+
+# -- the registry ------------------------------------------------------------------------------
+
+
+def check_registry(host: str) -> None:
+    try:
+        registry_api.check(host)
+    except registry_api.RegistryUnavailable as e:
+        raise RegistryUnavailable(f"cannot push to {e}") from None
+
+
+def remote_digest(host: str, name: str, tag: str) -> str | None:
+    """The digest the registry holds for name:tag, or None when it holds none or will not say
+    (a registry that wants a login: then the push itself decides)."""
+    try:
+        return registry_api.manifest_digest(host, name, tag)
+    except registry_api.RegistryUnavailable as e:
+        raise RegistryUnavailable(f"cannot push to {e}") from None
+    except registry_api.RegistryError:
+        return None
+
+
+# -- pushing -------------------------------------------------------------------------------------
+
+
+def _push_stream(client, repo: str, tag: str) -> str:
+    """docker push; errors come inside the stream, not as exceptions. Returns the pushed digest."""
+    digest = None
+    for chunk in client.api.push(repo, tag=tag, stream=True, decode=True):
+        if "error" in chunk:
+            message = ANSI.sub("", chunk["error"]).strip().splitlines()[0]
+            if re.search(r"no basic auth credentials|unauthorized|authentication required|denied", message, re.I):
+                host = reference.Reference.split(repo).host
+                message += (
+                    f": the registry wants a login; run `docker login {host}` (build.py sends what "
+                    f"that stored in {registry_api.docker_config_path()}, or in the credsStore it names)"
+                )
+            raise PushError(f"pushing {repo}:{tag} failed: {message}")
+        digest = (chunk.get("aux") or {}).get("Digest") or digest
+    if digest is None:
+        raise PushError(f"pushing {repo}:{tag}: the engine reported no digest")
+    return digest
+
+
+def push(
+    client,
+    matrix: Matrix,
+    targets: list[str],
+    registry: str,
+    *,
+    moving_tag: bool = False,
+    skip_smoke: bool = False,
+    allow_dirty: bool = False,
+    sources: dict[str, str] | None = None,
+    reports_dir: Path = Path("reports"),
+    sign_by: str | None = None,
+    signatures: Path | None = None,
+    passphrase_file: str | None = None,
+    log=print,
+) -> list[dict]:
+    """Tag and push each target's image; returns (and records in reports_dir/pushed.json) one
+    entry per target: target, repository, tags, digest, image id, which tags were pushed or
+    already there, the files attached and, with sign_by (a GnuPG key), the signatures written to
+    the lookaside directory signatures (default reports_dir/signatures). sources maps a target
+    to the local image to push (default: its tag)."""
+    repo = repository(matrix, registry)
+    signer = None
+    if sign_by:
+        try:
+            signing.skopeo()
+            key = signing.fingerprint(sign_by)
+        except signing.SigningError as e:
+            raise PushError(str(e)) from None
+        signer = (key, Path(signatures or Path(reports_dir) / "signatures"), passphrase_file)
+    plan = []
+    # Every gate is checked before anything is pushed, so a refusal never leaves half a release.
+    for name in targets:
+        source = (sources or {}).get(name) or matrix.tag(name)
+        image = local_image(client, source)
+        if image is None:
+            raise PushError(f"no local image {source}; build it first (`python build.py build {name}`)")
+        refusal = smoke_refusal(client, name, image, reports_dir)
+        if refusal and not skip_smoke:
+            raise PushError(f"refusing to push {source}: {refusal} (or pass --skip-smoke)")
+        if refusal:
+            log(f"WARNING: pushing {source} WITHOUT a passing smoke test (--skip-smoke): {refusal}")
+        for item in attach.report_attachments(name, reports_dir):
+            if item.path.is_file() and _older_than(item.path, image):
+                raise PushError(
+                    f"refusing to push {source}: {item.path} was written before the image was built; "
+                    f"regenerate it for this image (or remove it to push without it)"
+                )
+        plan.append((name, source, image, tags_for(matrix, name, short_revision(image, allow_dirty), moving_tag)))
+    check_registry(reference.Reference.split(repo).host)
+    return push_plan(
+        client, plan, repo, log, reports_dir, lambda entry: _attach_and_sign(entry, reports_dir, signer, log)
+    )
+
+
+def push_plan(client, plan, repo: str, log, reports_dir: Path = Path("reports"), after=None) -> list[dict]:
+    """Push each (name, source, image, tags) of plan to repo, then after(entry); record every
+    entry that reached the registry in pushed.json, and on a failure remove the local registry
+    tags this push made for what did not get there."""
+    results, created = [], []
+    try:
+        for name, source, image, tags in plan:
+            entry = _push_target(client, name, source, image, repo, tags, log, created)
+            results.append(entry)
+            if after:
+                after(entry)
+    except (PushError, registry_api.RegistryError, signing.SigningError) as e:
+        # A push that fails leaves no registry tag behind on this machine that it made itself.
+        done = {f"{repo}:{t}" for r in results for t in r["tags"]}
+        for ref in created:
+            if ref not in done:
+                client.images.remove(ref, noprune=True)
+        if isinstance(e, PushError):
+            raise
+        raise PushError(str(e)) from None
+    finally:
+        # Whatever did reach the registry is recorded, even when a later target fails.
+        if results:
+            record(results, Path(reports_dir) / PUSHED_FILE)
+    return results
+
+
+def _push_target(client, name, source, image, repo, tags, log, created: list[str]) -> dict:
+    # repo names its host (split_registry refuses a registry without one): no Docker Hub default
+    # applies, host and path are what it was composed of.
+    pushing = reference.Reference.split(repo)
+    host, path = pushing.host, pushing.repository
+    entry = {
+        "target": name,
+        "image": source,
+        "image_id": image.id,
+        "repository": repo,
+        "tags": tags,
+        "digest": None,
+        "pushed": [],
+        "already_present": [],
+    }
+    for tag in tags:
+        if f"{repo}:{tag}" not in (client.images.get(image.id).tags or []):
+            created.append(f"{repo}:{tag}")
+        image.tag(repo, tag)
+        repo_digests = client.images.get(image.id).attrs.get("RepoDigests") or []
+        ours, theirs = reference.recorded_digest(repo_digests, repo), remote_digest(host, path, tag)
+        if ours and ours == theirs:
+            log(f"{repo}:{tag} is already in the registry at {theirs}; not pushed")
+            entry["already_present"].append(tag)
+            entry["digest"] = theirs
+            continue
+        start = time.monotonic()
+        entry["digest"] = _push_stream(client, repo, tag)
+        entry["pushed"].append(tag)
+        log(f"pushed {repo}:{tag} {entry['digest']} ({time.monotonic() - start:.1f}s)")
+    return entry
+
+
+def _older_than(path: Path, image) -> bool:
+    built = image.attrs.get("Created", "")[:19]
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(path.stat().st_mtime)) < built
+
+
+def _attach_and_sign(entry: dict, reports_dir: Path, signer, log) -> None:
+    """Attach the target's reports to its pushed digest, then sign every tag (the image's and the
+    attachments'), recording both in entry."""
+    pushed = reference.Reference.split(entry["repository"])
+    host, path = pushed.host, pushed.repository
+    entry["attachments"] = []
+    for item in attach.report_attachments(entry["target"], reports_dir):
+        tag = attach.tag_for(entry["digest"], item.suffix)
+        if not item.path.is_file():
+            log(f"no {item.path} for {entry['target']}: nothing attached as {tag}")
+            continue
+        start = time.monotonic()
+        done = attach.attach(host, path, entry["digest"], item)
+        entry["attachments"].append(done)
+        log(
+            f"attached {item.path} ({done['size']} bytes) as {entry['repository']}:{tag} "
+            f"{done['manifest_digest']} ({time.monotonic() - start:.1f}s)"
+        )
+    entry["signatures"] = []
+    if signer is None:
+        log(f"{entry['repository']}: not signed (no --sign-by key)")
+        return
+    key, signatures, passphrase_file = signer
+    to_sign = [(t, entry["digest"]) for t in entry["tags"]]
+    to_sign += [(a["tag"], a["manifest_digest"]) for a in entry["attachments"]]
+    for tag, digest in to_sign:
+        start = time.monotonic()
+        done, fresh = signing.sign(host, path, tag, digest, key, signatures, passphrase_file)
+        entry["signatures"].append({**done, "digest": digest})
+        said = "signed" if fresh else "already signed"
+        log(f"{said} {done['identity']} with {key[-16:]}: {done['signature']} ({time.monotonic() - start:.1f}s)")
+
+
+def record(entries: list[dict], path: Path) -> None:
+    """Merge into pushed.json: one entry per (target, repository), the latest push winning."""
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError):
+        old = []
+    fresh = {(e["target"], e["repository"]) for e in entries}
+    kept = [e for e in old if (e.get("target"), e.get("repository")) not in fresh]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(kept + entries, indent=2) + "\n")
+
+
+def pushed_ref(target: str, reports_dir: Path = Path("reports"), repo: str | None = None) -> str | None:
+    """repository@digest of the target's last recorded push (to repo when given), or None."""
+    try:
+        entries = json.loads((Path(reports_dir) / PUSHED_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    for e in reversed(entries):
+        if e.get("target") == target and e.get("digest") and repo in (None, e.get("repository")):
+            return f"{e['repository']}@{e['digest']}"
+    return None

@@ -1,0 +1,122 @@
+"""The SBOM and provenance files of a built image (reports/), which `push` attaches.
+
+`build` writes them after every build, so they are never older than the image; when the image, its
+tag and what writes them are all unchanged since they were written (a no-change rebuild: the quick
+start run again), they are kept instead of read out of the image again (~13 s on 2 cores)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from importlib import metadata
+from pathlib import Path
+
+from gemma4_images.build.docker_build import local_image
+from gemma4_images.check import image_contents
+from gemma4_images.spec.matrix import ROOT
+from gemma4_images.spec.upstream import file_sha256
+
+
+def write_document(path: Path, text: str) -> None:
+    """Whole or not at all: a failed write leaves no half-made file behind."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(text)
+    partial.replace(path)
+
+
+def sbom_path(name: str) -> Path:
+    return Path(f"reports/sbom-{name}.cdx.json")
+
+
+def provenance_path(name: str) -> Path:
+    return Path(f"reports/provenance-{name}.intoto.json")
+
+
+def write_sbom(contents, name: str, out: Path | None = None) -> str:
+    from gemma4_images.publish import sbom
+
+    document = sbom.make(contents)  # ImageError (no file written) when the fixes records disagree
+    path = out or sbom_path(name)
+    write_document(path, document)
+    parsed = json.loads(document)
+    return f"{path}: {len(parsed['components'])} components, {len(sbom.patches_in(parsed))} patches"
+
+
+def write_provenance(contents, m, name: str, out: Path | None = None) -> str:
+    from gemma4_images.publish import provenance
+
+    path = out or provenance_path(name)
+    write_document(path, provenance.to_json(provenance.statement(contents, m)))
+    return str(path)
+
+
+# What the documents are computed from besides the image: the code that reads the image and
+# writes them, targets.yaml (and the code that reads it) for the provenance, and the libraries
+# that write the SBOM's components and purls.
+GENERATOR_FILES = [
+    "gemma4_images/build/probe.py",
+    "gemma4_images/check/image_contents.py",
+    "gemma4_images/publish/sbom.py",
+    "gemma4_images/publish/provenance.py",
+    "gemma4_images/spec/matrix.py",
+    "targets.yaml",
+]
+GENERATOR_LIBRARIES = ["cyclonedx-python-lib", "packageurl-python"]
+
+
+def _generator() -> str:
+    h = hashlib.sha256()
+    for dist in GENERATOR_LIBRARIES:
+        h.update(f"{dist}=={metadata.version(dist)}\n".encode())
+    for rel in GENERATOR_FILES:
+        h.update(rel.encode() + b"\0" + (ROOT / rel).read_bytes())
+    return h.hexdigest()
+
+
+def _stamp_path(name: str) -> Path:
+    return Path(f"reports/.{name}.written-for.json")
+
+
+def _stamp(name: str, image, ref: str) -> dict:
+    return {
+        "image": image.id,
+        "ref": ref,
+        # the provenance's subjects name them too (a push or pull adds one)
+        "repo_digests": sorted(image.attrs.get("RepoDigests") or []),
+        "generator": _generator(),
+        "files": {str(p): file_sha256(p) if p.is_file() else None for p in (sbom_path(name), provenance_path(name))},
+    }
+
+
+def current(name: str, image, ref: str) -> bool:
+    """Both documents exist as written for this image (id and repo digests) and tag, by this
+    generator, and untouched since."""
+    try:
+        recorded = json.loads(_stamp_path(name).read_text())
+    except (OSError, ValueError):
+        return False
+    now = _stamp(name, image, ref)
+    return recorded == now and all(now["files"].values())
+
+
+def current_for_tag(client, name: str, tag: str) -> bool:
+    """current() for the image tag names now (before a build that may move it); False if none."""
+    image = local_image(client, tag)
+    return image is not None and current(name, image, tag)
+
+
+def for_build(client, m, name: str, built: str, log) -> None:
+    """Write (or keep, when current) TARGET name's SBOM and provenance for the image built."""
+    image = client.images.get(built)
+    if current(name, image, built):
+        log(f"{sbom_path(name)} and {provenance_path(name)} already describe {built} ({image.id[:19]}): kept")
+        return
+    _stamp_path(name).unlink(missing_ok=True)
+    contents = image_contents.read(client, m, name, built)
+    try:
+        log(write_sbom(contents, name))
+    except image_contents.ImageError as e:
+        raise image_contents.ImageError(f"{e}; {built} was built, but its SBOM was not written") from e
+    log(write_provenance(contents, m, name))
+    write_document(_stamp_path(name), json.dumps(_stamp(name, image, built), indent=1) + "\n")

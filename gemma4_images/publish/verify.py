@@ -1,0 +1,101 @@
+"""What a deployment pipeline runs before it deploys an image: the image's signature checked
+against a policy (signing.py), then its attachments (attach.py), each itself signed, fetched
+under the same policy and checked to name the verified image as their subject."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+from gemma4_images.build import registry as registry_api
+from gemma4_images.publish import attach, signing
+from gemma4_images.spec import reference
+
+
+def policy_file(ref: str, key: Path | None, policy: Path | None, folder: Path) -> Path:
+    """The policy to enforce: the one given, or one requiring key for ref's repository."""
+    if key is None and policy is None:
+        raise signing.SigningError(
+            "nothing to verify against: give the public key (--key FILE) or a policy (--policy FILE)"
+        )
+    if key is not None and policy is not None:
+        raise signing.SigningError("--key and --policy both given: the policy names its keys itself; give one")
+    if policy is not None:
+        return Path(policy)
+    path = folder / "policy.json"
+    identity = reference.Reference.split(ref).full_name
+    path.write_text(json.dumps(signing.policy_requiring(identity, key), indent=2) + "\n")
+    return path
+
+
+def verify(
+    ref: str,
+    *,
+    key: Path | None = None,
+    policy: Path | None = None,
+    signatures: str = "reports/signatures",
+    dest: str | None = None,
+    attachments_dir: Path | None = None,
+    require_attachments: bool = False,
+    log=print,
+) -> dict:
+    """Check ref's signature and its attachments' (see the module doc); copy the checked image on
+    to dest and the attached files into attachments_dir when given. Returns the verified digest
+    and the attachments found; raises SigningError (one line) on the first refusal, or on a
+    missing attachment when require_attachments (a pipeline that deploys nothing without its
+    SBOM and provenance)."""
+    image = reference.Reference.split(ref)
+    host, repository = image.host, image.repository
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        enforced = policy_file(ref, key, policy, tmp)
+        signing.skopeo()
+        try:
+            registry_api.check(host)
+        except registry_api.RegistryUnavailable as e:
+            raise signing.SigningError(f"cannot verify {ref}: {e}") from None
+        digest = signing.policy_copy(ref, enforced, signatures, tmp / "image")
+        log(f"{ref}: signature accepted by {enforced if policy else 'the policy for ' + str(key)} ({digest})")
+        found = []
+        for suffix in attach.SUFFIXES:
+            tag = attach.tag_for(digest, suffix)
+            if registry_api.manifest_digest(host, repository, tag) is None:
+                if require_attachments:
+                    raise signing.SigningError(
+                        f"{ref} refused: nothing attached as {tag}, and --require-attachments wants "
+                        "the SBOM (.sbom) and the provenance (.att); push them with the image"
+                    )
+                log(f"{ref}: nothing attached as {tag}")
+                continue
+            attached = reference.Reference(image.full_name, tag)
+            entry = _verified_attachment(attached, digest, enforced, signatures, tmp / tag)
+            found.append(entry)
+            log(f"{ref}: attachment {tag} accepted ({entry['media_type']}, {entry['size']} bytes)")
+        # Nothing is written out until everything has been accepted.
+        if attachments_dir is not None:
+            Path(attachments_dir).mkdir(parents=True, exist_ok=True)
+            for entry in found:
+                blob = tmp / entry["tag"] / entry["blob_digest"].partition(":")[2]
+                shutil.copyfile(blob, Path(attachments_dir) / entry["file"])
+        if dest:
+            signing.copy_out(tmp / "image", dest)
+            log(f"{ref}: copied to {dest}")
+    return {"reference": ref, "digest": digest, "attachments": found}
+
+
+def _verified_attachment(ref: reference.Reference, subject: str, policy: Path, signatures: str, folder: Path) -> dict:
+    signing.policy_copy(str(ref), policy, signatures, folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    named = (manifest.get("subject") or {}).get("digest")
+    if named != subject or len(manifest.get("layers") or []) != 1:
+        raise signing.SigningError(f"{ref} refused: it is signed but attached to {named}, not {subject}")
+    (layer,) = manifest["layers"]
+    return {
+        "tag": ref.tag,
+        "media_type": layer["mediaType"],
+        "blob_digest": layer["digest"],
+        "size": layer["size"],
+        "file": Path((layer.get("annotations") or {}).get("org.opencontainers.image.title") or layer["digest"]).name,
+    }

@@ -1,0 +1,517 @@
+"""Load and validate targets.yaml, the one table every other module reads."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+
+ROOT = Path(__file__).resolve().parents[2]  # gemma4_images/spec/matrix.py -> the checkout
+TARGETS_FILE = ROOT / "targets.yaml"
+PROFILES = ROOT / "patches" / "profiles"
+FEATURES = ("tool_calling", "reasoning", "text_only", "spec_decoding")
+RESERVED_NAMES = ("all",)  # CLI words that stand for every target
+SHA256_DIGEST = r"^sha256:[0-9a-f]{64}$"
+# Where images hold the BOS tokenizer copy (patches/gemma4-bos-tokenizer) when a target bakes it.
+TOKENIZER_PATH = "/opt/gemma4-e2b/tokenizer"
+# Where a model image holds its files (/models/<name>), and where pods and containers mount them.
+MODELS_ROOT = "/models"
+
+
+def model_path(name: str) -> str:
+    return f"{MODELS_ROOT}/{name}"
+
+
+class MatrixError(Exception):
+    """targets.yaml is malformed or a name in it does not resolve."""
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Project(Strict):
+    image: str
+    model: str
+    architecture: str
+    vllm_version: str
+    transformers_version: str
+    source: str
+    port: int
+
+
+class Variant(Strict):
+    model: str | None
+    note: str
+    families: list[str] | None = None
+
+
+class UpstreamFile(Strict):
+    sdist: str
+    sdist_sha256: str
+    member: str
+
+
+class Present(Strict):
+    """How `smoke` tells that the device is there before it starts a container: a container runtime
+    docker knows, or a device path (any of the globs matching)."""
+
+    docker_runtime: str | None = None
+    paths: list[str] = []
+
+
+class Security(Strict):
+    mode: Literal["non-root", "root", "root+SYS_NICE", "privileged"]
+    why: str
+
+
+class FamilyKubernetes(Strict):
+    """How a pod gets what `docker run` gives the container."""
+
+    device_resource: str | None = None  # the device plugin's extended resource
+    # Env the recipe's `docker run` sets that a device plugin sets per pod instead.
+    plugin_env: list[str] = []
+    security: Security
+
+
+class Family(Strict):
+    accelerator: Literal["habana", "nvidia", "amd", "none", "tpu"]
+    about: str  # the head comment of Dockerfile.<family>
+    # Rendered into Dockerfile.<family> as ENV, so it is one value for every target of the family.
+    env: dict[str, str] = {}
+    present: Present = Present()
+    kubernetes: FamilyKubernetes
+    # The PyPI distributions carrying this family's vLLM at project.vllm_version, its vLLM first.
+    pypi: list[str]
+    audio_extras: list[str] = []  # added to Matrix.audio_extras for this family's targets
+    # Set for the build's self-check only (it runs on the build host, with no device): not in the
+    # image, whose device and platform are the ones it is deployed on.
+    self_check_env: dict[str, str] = {}
+
+
+class Standin(Strict):
+    """A base built here with no registry (`build.py base TARGET`) in place of a vendor image: a
+    Debian root filesystem and the real PyPI packages `lock` pins, installed by `dockerfile`."""
+
+    tag: str
+    dockerfile: str  # relative to the repository
+    lock: str  # relative to the repository; `make lock` writes it from requirements()
+    family: str  # whose targets it serves; its vLLM distribution is the family's pypi[0]
+    stands_for: str
+    proves: str
+    python: str = "3.11"  # the Python the lock is resolved for: the root filesystem's, or interpreter's
+    # A host directory holding a CPython install of version `python`, copied into the stand-in when
+    # Debian's root filesystem carries another Python (localbase.interpreter_tar says what is kept).
+    interpreter: str | None = None
+
+    @property
+    def dockerfile_path(self) -> Path:
+        return ROOT / self.dockerfile
+
+    @property
+    def lock_path(self) -> Path:
+        return ROOT / self.lock
+
+
+class Image(Strict):
+    image: str
+    digest: str | None = None
+    standin: str | None = None  # a key of `standins`: what `build.py base` builds for this base
+    no_standin: str | None = None  # why there is none (what `build.py base` says)
+    # The CUDA runtime the base's torch is built for (torch.version.cuda); the build's self-check
+    # refuses a base that carries another one.
+    cuda: str | None = None
+
+    @field_validator("digest")
+    @classmethod
+    def _digest_form(cls, v):
+        import re
+
+        if v is not None and not re.match(SHA256_DIGEST, v):
+            raise ValueError("must look like sha256:<64 hex digits> (or be null)")
+        return v
+
+    @property
+    def ref(self) -> str:
+        """The reference to pull: pinned by digest when one is known."""
+        return f"{self.image}@{self.digest}" if self.digest else self.image
+
+
+class Stage1(Image):
+    vllm_commit: str
+    vllm_gaudi_commit: str
+
+
+class Serve(Strict):
+    model_arg: Literal["positional", "flag"]
+    args: list[str]
+    default_features: list[str]
+    features: dict[str, list[str]] = {}
+    unsupported_features: dict[str, str] = {}
+
+    @field_validator("default_features")
+    @classmethod
+    def _known_defaults(cls, v):
+        return _check_feature_names(v)
+
+    @field_validator("features", "unsupported_features")
+    @classmethod
+    def _known_keys(cls, v):
+        _check_feature_names(list(v))
+        return v
+
+
+class EnvLimit(Strict):
+    max: int
+    message: str
+
+
+class Guards(Strict):
+    refuse_env: dict[str, str] = {}
+    warn_env_above: dict[str, EnvLimit] = {}
+    warn_flags: dict[str, str] = {}
+
+
+class Smoke(Strict):
+    """How `build.py smoke` runs this target, beyond its recipe launch."""
+
+    env: dict[str, str] = {}
+    args: list[str] = []
+    shm_size: str | None = None
+    user: str | None = None
+    # Where torch inductor keeps what it compiles in the container (its default cache folder for the
+    # smoke's user), kept on this machine between smoke runs (server.compile_cache_dir): compiled
+    # once per machine, not once per container, with nothing else about the run changed.
+    compile_cache: str | None = None
+
+
+class Run(Strict):
+    """The recipe's `docker run` options as data: running.docker_flags writes the command line,
+    running.sdk_kwargs the Docker SDK's arguments, k8s the pod spec, all from these fields."""
+
+    runtime: str | None = None
+    gpus: str | None = None
+    env: dict[str, str] = {}  # set to these values
+    pass_env: list[str] = []  # passed through from the caller's environment (`-e NAME`)
+    privileged: bool = False
+    cap_add: list[str] = []
+    devices: list[str] = []
+    group_add: list[str] = []
+    security_opt: list[str] = []
+    ipc: str | None = None
+    network: str | None = None
+    shm_size: str | None = None
+    volumes: dict[str, str] = {}  # host path: container path
+    publish: list[str] = []
+
+
+class TargetKubernetes(Strict):
+    node_selector: dict[str, str] = {}
+    devices: int = 1  # how many of the family's device_resource the pod requests
+
+
+class Fixes(Strict):
+    profile: str
+    opt_in: list[str] = []
+
+
+class Target(Strict):
+    family: str
+    hardware: str
+    base: Image
+    stage1: Stage1 | None = None
+    aliases: list[str] = []
+    serve: Serve
+    guards: Guards = Guards()
+    notes: list[str] = []
+    run: Run
+    kubernetes: TargetKubernetes = TargetKubernetes()
+    startup_budget_s: int
+    recipe_launch: str
+    smoke: Smoke = Smoke()
+    fixes: Fixes | None = None
+    bos_tokenizer: bool = False
+    # Install the audio extras (Matrix.audio_extras) and serve audio; false: the launch refuses it.
+    audio: bool = True
+    # How long a stop (SIGTERM) may take before the kill: the pod's terminationGracePeriodSeconds.
+    shutdown_grace_s: int = 30
+
+    @property
+    def opt_in_fixes(self) -> list[str]:
+        return self.fixes.opt_in if self.fixes else []
+
+
+class Matrix(Strict):
+    project: Project
+    audio_extras: list[str]
+    features: dict[str, list[str]]
+    variants: dict[str, Variant]
+    upstream_files: dict[str, UpstreamFile]
+    families: dict[str, Family]
+    standins: dict[str, Standin]
+    targets: dict[str, Target]
+
+    @field_validator("features")
+    @classmethod
+    def _all_features(cls, v):
+        missing = set(FEATURES) - set(v)
+        if missing or set(v) - set(FEATURES):
+            raise ValueError(f"must define exactly the features {', '.join(FEATURES)}")
+        return v
+
+    @model_validator(mode="after")
+    def _cross_references(self):
+        names = set(self.targets)
+        for key, s in self.standins.items():
+            family = self.families.get(s.family)
+            if family is None or not family.pypi:
+                raise ValueError(f"standins.{key}.family: {s.family!r} is not a family whose vLLM is on PyPI")
+        for name, t in self.targets.items():
+            if t.base.standin is not None and t.base.standin not in self.standins:
+                raise ValueError(
+                    f"targets.{name}.base.standin: unknown stand-in {t.base.standin!r}; "
+                    f"known: {', '.join(self.standins)}"
+                )
+            if t.base.standin is not None and self.standins[t.base.standin].family != t.family:
+                raise ValueError(
+                    f"targets.{name}.base.standin: {t.base.standin!r} stands in for the "
+                    f"{self.standins[t.base.standin].family} family's base, {name} is {t.family}"
+                )
+            if t.family not in self.families:
+                raise ValueError(
+                    f"targets.{name}.family: unknown family {t.family!r}; known: {', '.join(self.families)}"
+                )
+            for alias in t.aliases:
+                if alias in names:
+                    raise ValueError(f"targets.{name}.aliases: {alias!r} is already a target name")
+                if alias in RESERVED_NAMES:
+                    raise ValueError(
+                        f"targets.{name}.aliases: {alias!r} is reserved (`build.py build {alias}` "
+                        "means every target); choose another alias"
+                    )
+                names.add(alias)
+        for name, t in self.targets.items():
+            if t.fixes:
+                profile = load_profile(t.fixes.profile)
+                if profile is None:
+                    raise ValueError(
+                        f"targets.{name}.fixes.profile: no profile {t.fixes.profile!r} in "
+                        f"patches/profiles/; known: {', '.join(p.stem for p in PROFILES.glob('*.json'))}"
+                    )
+                # The two profiles' names look alike (v0.30.0 is the recipe's, vllm-0.30.0 ours):
+                # a Gaudi image needs the one that requires vllm_gaudi, any other image the other.
+                gaudi = self.families[t.family].accelerator == "habana"
+                if gaudi != ("vllm_gaudi" in profile["requires"]):
+                    fits = [
+                        p.stem
+                        for p in sorted(PROFILES.glob("*.json"))
+                        if ("vllm_gaudi" in load_profile(p.stem)["requires"]) == gaudi
+                    ]
+                    raise ValueError(
+                        f"targets.{name}.fixes.profile: {t.fixes.profile!r} is for "
+                        f"{'vllm-gaudi' if not gaudi else 'plain vLLM'} images, {name} is "
+                        f"{'a Gaudi' if gaudi else 'not a Gaudi'} target; use {' or '.join(fits)}"
+                    )
+                unknown = [f for f in t.fixes.opt_in if f not in profile["opt_in"]]
+                if unknown:
+                    raise ValueError(
+                        f"targets.{name}.fixes.opt_in: {', '.join(unknown)} not opt-in fixes of "
+                        f"{t.fixes.profile}; those are {', '.join(profile['opt_in'])}"
+                    )
+        return self
+
+    # -- lookups -----------------------------------------------------------------------------
+
+    # Lookups below take a target's own name; the CLI resolves aliases once, at its boundary.
+    def resolve(self, name: str) -> str:
+        """Target name for a name or alias, or a MatrixError listing the valid ones."""
+        if name in self.targets:
+            return name
+        for tname, t in self.targets.items():
+            if name in t.aliases:
+                return tname
+        valid = ", ".join(sorted(self.targets) + sorted(a for t in self.targets.values() for a in t.aliases))
+        raise MatrixError(f"unknown target {name!r}; valid targets: {valid}")
+
+    def standin_distributions(self, key: str) -> list[str]:
+        """The PyPI distributions of a stand-in's vLLM: its family's (vllm-tpu with tpu-inference)."""
+        return self.families[self.standins[key].family].pypi
+
+    def audio_extras_of(self, name: str) -> list[str]:
+        """What a target with audio installs: vLLM's audio extra and its family's additions."""
+        return self.audio_extras + self.families[self.targets[name].family].audio_extras
+
+    def standin(self, name: str) -> Standin | None:
+        """The stand-in `build.py base` builds for the target's base, if it has one."""
+        key = self.targets[name].base.standin
+        return self.standins[key] if key else None
+
+    def tag(self, name: str) -> str:
+        return f"{self.project.image}:{name}-v{self.project.vllm_version}"
+
+    def tiny_tag(self, name: str) -> str:
+        """Images that bake the tiny test model's tokenizer never carry the real tag."""
+        return f"{self.tag(name)}-tiny"
+
+    def family_targets(self, family: str) -> list[str]:
+        return [n for n, t in self.targets.items() if t.family == family]
+
+    def recipe(self, name: str) -> dict:
+        """What the image's entrypoint needs to build the launch: baked as /etc/gemma4-e2b/recipe.json."""
+        t = self.targets[name]
+        features = {
+            f: t.serve.features.get(f, flags)
+            for f, flags in self.features.items()
+            if f not in t.serve.unsupported_features
+        }
+        variants = {
+            v: {"model": var.model, "note": var.note}
+            for v, var in self.variants.items()
+            if var.families is None or t.family in var.families
+        }
+        return {
+            "target": name,
+            "family": t.family,
+            "hardware": t.hardware,
+            "vllm_version": self.project.vllm_version,
+            "port": self.project.port,
+            "command": ["vllm", "serve"],
+            "model": self.project.model,
+            "architecture": self.project.architecture,
+            "model_arg": t.serve.model_arg,
+            "args": t.serve.args,
+            "default_features": t.serve.default_features,
+            "features": features,
+            "unsupported_features": t.serve.unsupported_features,
+            "tokenizer": TOKENIZER_PATH if t.bos_tokenizer else None,
+            "audio": t.audio,
+            # What the self-check holds the base to, and the bases to name when it does not fit.
+            "cuda": t.base.cuda,
+            "cuda_bases": {
+                o.base.cuda: o.base.image for o in self.targets.values() if o.family == t.family and o.base.cuda
+            },
+            "variants": variants,
+            "guards": t.guards.model_dump(),
+            "notes": t.notes,
+        }
+
+    def fixes(self, name: str) -> list[str]:
+        """The fixes the target's image carries, in the pack's order."""
+        t = self.targets[name]
+        if not t.fixes:
+            return []
+        profile = load_profile(t.fixes.profile)
+        return profile["generic"] + [f for f in profile["opt_in"] if f in t.fixes.opt_in]
+
+    def recipe_launch(self, name: str) -> list[str]:
+        """The recipe's launch as written in the seeds, with the baked tokenizer's path where the
+        target bakes the BOS copy (000 names its own /tmp path for it)."""
+        launch = shlex.split(self.targets[name].recipe_launch)
+        return launch + ["--tokenizer", TOKENIZER_PATH] if self.targets[name].bos_tokenizer else launch
+
+
+def dockerfile_name(family: str) -> str:
+    return f"Dockerfile.{family}"
+
+
+def load_profile(name: str) -> dict | None:
+    path = PROFILES / f"{name}.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _check_feature_names(names):
+    unknown = [n for n in names if n not in FEATURES]
+    if unknown:
+        raise ValueError(f"unknown feature(s) {', '.join(unknown)}; known: {', '.join(FEATURES)}")
+    return names
+
+
+def _named(loader, path):
+    loader.name = str(path)
+    return loader
+
+
+def _location(loc: tuple) -> str:
+    return ".".join(str(p) for p in loc if not str(p).startswith("function-"))
+
+
+# Lists of names, where an entry given twice is a slip (a fix, feature or alias counted once),
+# never an intent; `args` and the like may repeat a value and are not here.
+NAME_LISTS = {"opt_in", "aliases", "default_features", "audio_extras", "pypi", "pass_env", "cap_add", "group_add"}
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last silently),
+    and an entry given twice in one of the NAME_LISTS. Merge keys (`<<: *anchor`) still work:
+    keys a merge brings in may be overridden."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=deep)
+                line = key_node.start_mark.line + 1
+                if not isinstance(key, (str, int, float, bool, type(None))):
+                    continue  # the constructor below refuses unhashable keys itself
+                if key in seen:
+                    raise MatrixError(
+                        f"{self.name}: key {key!r} is given twice in one mapping (lines "
+                        f"{seen[key]} and {line}); the second would silently replace the "
+                        "first: remove or rename one"
+                    )
+                seen[key] = line
+            for key_node, value_node in node.value:
+                named = isinstance(key_node, yaml.ScalarNode) and key_node.value in NAME_LISTS
+                if named and isinstance(value_node, yaml.SequenceNode):
+                    self._distinct_items(key_node.value, value_node)
+        return super().construct_mapping(node, deep=deep)
+
+    def _distinct_items(self, key: str, node) -> None:
+        first: dict = {}
+        for item in node.value:
+            if not isinstance(item, yaml.ScalarNode):
+                continue
+            where = f"line {item.start_mark.line + 1} column {item.start_mark.column + 1}"
+            if item.value in first:
+                raise MatrixError(
+                    f"{self.name}: {key} names {item.value!r} twice ({first[item.value]} and {where}); "
+                    "each entry counts once: remove one"
+                )
+            first[item.value] = where
+
+
+def load(path: Path = TARGETS_FILE) -> Matrix:
+    """Parse and validate; every problem is reported with the field path it concerns."""
+    try:
+        text = Path(path).read_text()
+        raw = yaml.load(text, Loader=lambda stream: _named(_UniqueKeyLoader(stream), path))  # noqa: S506
+    except OSError as e:
+        raise MatrixError(f"cannot read {path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise MatrixError(f"{path} is not valid YAML: {e}") from None
+    if raw is None:
+        raise MatrixError(
+            f"{path} is empty: it must define project, features, variants, upstream_files, "
+            "families and targets (see the committed targets.yaml)"
+        )
+    if not isinstance(raw, dict):
+        raise MatrixError(f"{path}: expected a mapping at the top level")
+    try:
+        return Matrix.model_validate(raw)
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            where = _location(err["loc"]) or "(top level)"
+            msg = (
+                "unknown key (not in the schema; check its spelling)"
+                if err["type"] == "extra_forbidden"
+                else err["msg"]
+            )
+            lines.append(f"  {where}: {msg}")
+        raise MatrixError(f"{path} is invalid:\n" + "\n".join(lines)) from None
