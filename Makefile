@@ -2,6 +2,9 @@
 HW ?= cpu
 PY := .venv/bin/python
 PYTEST_ARGS ?= -m "not device"
+# Two lanes at once (pytest-xdist): one builds, one serves the images both share; unit tests fill
+# both (tests/integration/conftest.py). LANES=0 runs everything in this process, one test at a time.
+LANES ?= 2
 
 .DEFAULT_GOAL := help
 .PHONY: help host host-build quickstart image images base render lint lock smoke check-fixes port-fixes test test-fast list bench
@@ -60,8 +63,8 @@ port-fixes: host ## Rebase the vllm-gaudi fixes onto another checkout (3-way mer
 smoke: host-build ## Smoke-test HW's built image (add SMOKE_ARGS="--tiny" for the tiny CPU model)
 	$(PY) build.py smoke $(HW) $(SMOKE_ARGS)
 
-test: host ## Run the test suite (unit + integration with a real Docker engine)
-	$(PY) -m pytest $(PYTEST_ARGS)
+test: host ## Run the test suite (unit + integration with a real Docker engine), in two lanes
+	$(PY) -m pytest $(PYTEST_ARGS) $(if $(filter-out 0,$(LANES)),-n $(LANES) --dist loadgroup)
 
 # The unit tests that are quick: no Docker, no accelerator, none marked slow (pytest.ini). The
 # real-wheel checks download their wheels once per machine, then take seconds.

@@ -17,6 +17,11 @@ import signal
 import socket
 
 LABEL = "io.gemma4-images.owner"
+# Runs that share one engine (parallel test lanes, CI jobs on one daemon) set GEMMA4_SESSION; every
+# container such a run or its children start carries it, so each can tell its own containers from
+# the others' (`docker ps --filter label=io.gemma4-images.session=ID`) while both are alive.
+SESSION_LABEL = "io.gemma4-images.session"
+SESSION_ENV = "GEMMA4_SESSION"
 
 # The signals that stop a run and should clean up: Ctrl-C, what `timeout`, a cancelled CI job and
 # a Kubernetes Job send, and a closed terminal.
@@ -65,14 +70,18 @@ def owner(pid: int | None = None) -> str:
     )
 
 
-def labels() -> dict[str, str]:
-    """For every container this process creates (docker-py or testcontainers `labels=`)."""
-    return {LABEL: owner()}
+def session() -> str | None:
+    return os.environ.get(SESSION_ENV) or None
+
+
+def labels(pid: int | None = None) -> dict[str, str]:
+    """For every container this process (or pid) creates (docker-py or testcontainers `labels=`)."""
+    return {LABEL: owner(pid), **({SESSION_LABEL: session()} if session() else {})}
 
 
 def cli_flags() -> list[str]:
-    """The same label for a `docker run` command line."""
-    return ["--label", f"{LABEL}={owner()}"]
+    """The same labels for a `docker run` command line."""
+    return [flag for key, value in labels().items() for flag in ("--label", f"{key}={value}")]
 
 
 def gone(value: str) -> bool:

@@ -1,16 +1,49 @@
 """Docker fixtures. Every image a test makes is named gemma4-e2b-test/… or gemma4-e2b-standin/…
 with fixed tags, so the layer cache carries over between runs and nothing collides with users'."""
 
+import os
 import tempfile
 from pathlib import Path
 
 import pytest
 from docker.errors import ImageNotFound
+from filelock import FileLock
 
 from gemma4_images.build import images, localbase, owned
 from gemma4_images.build.docker_build import BuildSpec, build, connect
 from gemma4_images.spec import facts, matrix
-from testkit import tiny_model
+from testkit import tiny_model, trained
+
+# Every container this session and its children start carries this (owned.SESSION_LABEL), so the
+# leftover checks count this session's containers only, whatever runs beside it on the engine.
+SESSION = os.environ.setdefault(owned.SESSION_ENV, f"tests-{os.getpid()}")
+
+# `make test` runs two lanes at once (pytest-xdist, --dist loadgroup): "serve" holds the modules
+# that only run the images every lane shares (built first, by shared_images), "engine" every other
+# integration module, the builds among them; unit tests fill both. Only the engine lane builds, so
+# a build's intermediate containers and <none> images are its own (no_build_leftovers).
+SERVE_LANE = {
+    "test_smoke_cpu.py",
+    "test_trained_serving.py",
+    "test_runtime_cpu.py",
+    "test_stop_signals.py",
+    "test_bench_cpu.py",
+    "test_cpu_image.py",
+    "test_fix_gemma4_buffered_tool_args.py",
+    "test_fix_gemma4_required_tool_grammar.py",
+    "test_fix_logprobs_decode_guard.py",
+}
+# Modules that need no engine run in whichever lane is free.
+NO_ENGINE = {"test_apply_all_real_vllm.py", "test_fix_pack_applies.py"}
+HERE = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        path = Path(str(item.fspath))
+        if path.parent == HERE and path.name not in NO_ENGINE:
+            item.add_marker(pytest.mark.xdist_group("serve" if path.name in SERVE_LANE else "engine"))
+
 
 STANDIN_DOCKERFILE = """\
 ARG ROOTFS_IMAGE
@@ -52,6 +85,21 @@ def client():
 @pytest.fixture(scope="session")
 def m():
     return matrix.load()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_images(request):
+    """In parallel lanes: the images and models both lanes use, made before either lane's first
+    test, one lane at a time (a machine-wide lock; the second finds them cached). So the serve lane
+    never builds while the engine lane checks a build's leftovers, and no image is built twice."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield  # one lane: each fixture builds what it needs when first asked
+        return
+    with FileLock(Path(tempfile.gettempdir()) / "gemma4-images-tests.lock"):
+        for name in ("cpu_image", "unfixed_image"):
+            request.getfixturevalue(name)
+        trained.ensure()
+    yield
 
 
 @pytest.fixture(scope="session")
@@ -140,33 +188,38 @@ def untagged(client):
     return remove
 
 
+def _session_containers(client) -> set[str]:
+    return {c.id for c in client.containers.list(all=True, filters={"label": f"{owned.SESSION_LABEL}={SESSION}"})}
+
+
 @pytest.fixture
 def no_new_containers(client):
-    """Fails the test if it leaves containers behind (a failed build must not).
+    """Fails the test if a run it started (a smoke, a server, a subprocess of build.py) leaves a
+    container behind. Counted: the containers of this session (owned.SESSION_LABEL, which every
+    run here and its children stamp), so a parallel lane's servers cannot make it fail."""
+    before = _session_containers(client)
+    yield
+    assert _session_containers(client) - before == set(), "containers left behind"
 
-    Only containers of our images count (they inherit our io.gemma4-images.* labels,
-    a failed build's intermediate container too), so other work on the same engine
-    cannot make it fail."""
 
-    def ours():
+@pytest.fixture
+def no_build_leftovers(client):
+    """Fails the test if a build it made (one that fails on purpose) leaves an intermediate
+    container or a `<none>` image behind. A classic build's intermediate containers carry our
+    images' io.gemma4-images.* labels and no owner label; only the engine lane builds (LANES), so
+    those are this test's. The serve lane's containers all carry an owner label."""
+
+    def intermediate():
         return {
             c.id
             for c in client.containers.list(all=True)
-            if any(key.startswith("io.gemma4-images.") for key in (c.labels or {}))
+            if owned.LABEL not in (c.labels or {}) and any(k.startswith("io.gemma4-images.") for k in (c.labels or {}))
         }
-
-    before = ours()
-    yield
-    assert ours() - before == set(), "containers left behind"
-
-
-@pytest.fixture
-def no_new_dangling_images(client):
-    """Fails the test if it leaves `<none>` images behind (a failed build must not)."""
 
     def dangling():
         return {i.id for i in client.images.list(filters={"dangling": True})}
 
-    before = dangling()
+    before = (intermediate() | _session_containers(client), dangling())
     yield
-    assert dangling() - before == set(), "dangling images left behind"
+    assert (intermediate() | _session_containers(client)) - before[0] == set(), "containers left behind"
+    assert dangling() - before[1] == set(), "dangling images left behind"

@@ -4,6 +4,7 @@ no timing is asserted (the machines are noisy; BENCHMARKS.md holds the figures).
 import pytest
 
 from gemma4_images.bench import harness
+from gemma4_images.build import owned
 from gemma4_images.spec.matrix import ROOT
 
 pytestmark = pytest.mark.integration
@@ -53,7 +54,12 @@ SERVED = [
 
 def test_the_harness_is_shipped_in_the_image(client, cpu_image):
     shipped = client.containers.run(
-        cpu_image, ["/usr/local/bin/gemma4-bench"], entrypoint=["cat"], remove=True, network_mode="host"
+        cpu_image,
+        ["/usr/local/bin/gemma4-bench"],
+        entrypoint=["cat"],
+        remove=True,
+        network_mode="none",
+        labels=owned.labels(),
     )
     assert shipped == (ROOT / "image" / "gemma4_bench.py").read_bytes()
 

@@ -36,7 +36,7 @@ def test_a_buildkit_build_tags_the_image_it_reports(client, rootfs, tmp_path):
 
 
 def test_a_failed_buildkit_build_names_its_step_and_leaves_nothing(
-    client, rootfs, tmp_path, untagged, no_new_containers, no_new_dangling_images
+    client, rootfs, tmp_path, untagged, no_build_leftovers
 ):
     tag = untagged("gemma4-e2b-test/buildkit:failed")
     with pytest.raises(BuildFailed) as failed:

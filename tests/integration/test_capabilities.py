@@ -107,7 +107,7 @@ def test_a_cuda_target_names_the_tag_that_carries_its_runtime(client, cpu_image)
 
 
 def test_h100_on_the_real_cuda_13_stand_in_stops_at_the_cuda_check_alone(
-    client, m, cuda_base, untagged, no_new_containers, no_new_dangling_images
+    client, m, cuda_base, untagged, no_build_leftovers
 ):
     # How h100/h200 are checked here, PyPI having no CUDA 12.9 torch: their image on the CUDA 13.0
     # stand-in (the same vLLM code as their base) runs every step before the self-check (audio

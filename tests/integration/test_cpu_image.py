@@ -12,7 +12,7 @@ pytestmark = pytest.mark.integration
 
 
 def run(client, image, args, **kw):
-    return client.containers.run(image, args, remove=True, network_mode="host", **kw).decode()
+    return client.containers.run(image, args, remove=True, network_mode="host", labels=owned.labels(), **kw).decode()
 
 
 def test_cpu_image_launch_is_the_xeon_recipe(client, m, cpu_image):

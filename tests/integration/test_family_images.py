@@ -221,9 +221,7 @@ def older_vllm_base(standin):
     return standin("0.29.0")
 
 
-def test_version_mismatch_fails_the_build_and_tags_nothing(
-    client, m, older_vllm_base, untagged, no_new_containers, no_new_dangling_images
-):
+def test_version_mismatch_fails_the_build_and_tags_nothing(client, m, older_vllm_base, untagged, no_build_leftovers):
     base = older_vllm_base
     tag = untagged("gemma4-e2b-test/mismatch:standin")
     with pytest.raises(BuildFailed) as e:
@@ -236,7 +234,7 @@ def test_version_mismatch_fails_the_build_and_tags_nothing(
 
 
 def test_a_build_without_the_fixes_build_args_is_refused_not_built_unfixed(
-    client, m, cpu_base, untagged, no_new_containers, no_new_dangling_images
+    client, m, cpu_base, untagged, no_build_leftovers
 ):
     # What a plain `docker build --build-arg GEMMA4_TARGET=xeon6` gives the fixes step: no profile.
     # It used to skip the fixes without a word; now one line says what to pass.

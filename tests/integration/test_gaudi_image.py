@@ -102,9 +102,7 @@ def wrong_commit_base(gaudi_base):
     return gaudi_base("0.30.0+g1234567")
 
 
-def test_wrong_vllm_gaudi_fails_the_build_untagged(
-    client, m, wrong_commit_base, untagged, no_new_containers, no_new_dangling_images
-):
+def test_wrong_vllm_gaudi_fails_the_build_untagged(client, m, wrong_commit_base, untagged, no_build_leftovers):
     tag = untagged("gemma4-e2b-test/gaudi2:wrong-commit")
     with pytest.raises(BuildFailed) as e:
         images.build_target(

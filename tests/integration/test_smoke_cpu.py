@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from gemma4_images.build import wheels
+from gemma4_images.build import owned, wheels
 from gemma4_images.check import server, smoke
 from gemma4_images.spec import matrix
 from testkit import exchanges, tiny_model, trained
@@ -100,7 +100,7 @@ def sabotaged_files(client, image: str, dest):
     mounts = {}
     for rel, old, new, times in SABOTAGE:
         text = client.containers.run(
-            image, [f"{SITE}/{rel}"], entrypoint=["cat"], remove=True, network_mode="host"
+            image, [f"{SITE}/{rel}"], entrypoint=["cat"], remove=True, network_mode="none", labels=owned.labels()
         ).decode()
         assert text.count(old) == times, (rel, text.count(old))
         path = dest / rel.replace("/", "_")

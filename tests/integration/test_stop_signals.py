@@ -18,9 +18,11 @@ pytestmark = pytest.mark.integration
 
 
 def everything(client) -> set[str]:
-    """Every container of ours on the daemon (all carry the owner label), whoever started it: other
-    work on the same engine does not count."""
-    return {c.id for c in client.containers.list(all=True, filters={"label": owned.LABEL})}
+    """Every container this test session or its children started (all carry its session label,
+    conftest's SESSION): a parallel lane's, or other work on the same engine, does not count."""
+    return {
+        c.id for c in client.containers.list(all=True, filters={"label": f"{owned.SESSION_LABEL}={owned.session()}"})
+    }
 
 
 def started_smoke(client, tmp_path, wait_for: str):
@@ -67,9 +69,7 @@ def test_after_sigkill_the_next_run_removes_the_stray_and_nothing_else(client, c
     before = everything(client)
     # A container whose owner is alive (a process of ours that is not a smoke run) must survive.
     sleeper = subprocess.Popen(["sleep", "600"])
-    alive = client.containers.create(
-        cpu_image, ["true"], network_mode="none", labels={owned.LABEL: owned.owner(sleeper.pid)}
-    )
+    alive = client.containers.create(cpu_image, ["true"], network_mode="none", labels=owned.labels(sleeper.pid))
     try:
         proc, label, _ = started_smoke(client, tmp_path, "created")
         proc.send_signal(signal.SIGKILL)
