@@ -102,8 +102,7 @@ echo "tests (VLLM_GAUDI_SRC=$SRC, $("$PYTHON" -c 'import sys; print(sys.executab
 cd "$REPO"
 NO_SKIP=1
 [ -n "$ALLOW_SKIPS" ] && NO_SKIP=0
-VLLM_GAUDI_SRC="$SRC" GEMMA4_GAUDI_FIXES_NO_SKIP=$NO_SKIP \
-    "$PYTHON" -m pytest --noconftest -p no:cacheprovider -q -rs tests/unit/test_gaudi_fix_*.py
+VLLM_GAUDI_SRC="$SRC" GEMMA4_GAUDI_FIXES_NO_SKIP=$NO_SKIP "$PYTHON" tests/fix_tests.py
 
 if [ -n "$COVERAGE" ]; then
     echo "hunk coverage (each hunk dropped in turn, its fix's tests run):"

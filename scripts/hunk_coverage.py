@@ -34,6 +34,9 @@ import sys
 import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "tests"))
+import fix_tests  # noqa: E402  (tests/fix_tests.py: the one pytest command of the fix tests)
+
 PACK = os.path.join(REPO, "patches")
 PROFILE = "v0.30.0"
 
@@ -119,22 +122,8 @@ def mutant(src, prof, fixes, fix, path, index, dest):
 
 
 def run_tests(python, src, pack, tests):
-    env = dict(os.environ, VLLM_GAUDI_SRC=src, GEMMA4_FIXES_PACK=pack, GEMMA4_GAUDI_FIXES_NO_SKIP="1")
-    cmd = [
-        python,
-        "-m",
-        "pytest",
-        "--noconftest",
-        "-p",
-        "no:cacheprovider",
-        "-q",
-        "-x",
-        "-rf",
-        "--tb=no",
-        "-W",
-        "ignore::DeprecationWarning",
-        *tests,
-    ]
+    env = dict(os.environ, **fix_tests.environment(src, pack))
+    cmd = fix_tests.command(python, tests, ["-x", "--tb=no"])
     run = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     failed = [
         line.split(" ", 1)[1].split(" - ")[0]

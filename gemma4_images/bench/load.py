@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import time
 
-from gemma4_images.bench.figures import TARGET, TINY, ratio
-from gemma4_images.bench.startup import STARTUP_ENV
-from gemma4_images.build import owned
+from gemma4_images.bench.figures import TARGET, ratio
 from gemma4_images.spec import matrix
 from gemma4_images.spec.image_code import gemma4_bench as harness
 from testkit import trained
@@ -17,24 +15,12 @@ from testkit import trained
 def load_bench(client, log, m: matrix.Matrix, image: str | None = None, rounds: int = 3) -> dict:
     """The recipe's 64 concurrent streams plus 16 plain requests against one server, `rounds` times,
     against a single request measured in the same run; then hang-ups and a stop during traffic."""
-    from gemma4_images.check import running, traffic
-    from gemma4_images.check.server import free_port, wait_healthy
+    from gemma4_images.check import running, server, traffic
 
-    model, port = trained.ensure(), free_port()
-    url, served = f"http://127.0.0.1:{port}", m.project.model
-    image, t = image or m.tiny_tag(TARGET), m.targets[TARGET]
-    container = client.containers.run(
-        image,
-        [*t.smoke.args, "--host", "127.0.0.1", "--port", str(port), "--served-model-name", served],
-        detach=True,
-        network_mode="host",
-        labels=owned.labels(),
-        shm_size="1g",
-        environment={**STARTUP_ENV, "GEMMA4_MODEL": TINY},
-        volumes={str(model): {"bind": TINY, "mode": "ro"}},
-    )
-    try:
-        wait_healthy(container, url, 600)
+    image = image or m.tiny_tag(TARGET)
+    # The CPU tier as targets.yaml runs it (the smoke's launch), with the tiny trained model.
+    with server.serve(m, TARGET, image, str(trained.ensure())) as srv:
+        url, served, container = srv.url, srv.served, srv.container
         traffic.run(url, served, streams=2, plain=0)  # warm-up (the sampler compiles)
         alone = [traffic.run(url, served, streams=1, plain=0).latencies()[0] for _ in range(rounds)]
         rss_idle = running.rss_bytes(container)
@@ -53,8 +39,6 @@ def load_bench(client, log, m: matrix.Matrix, image: str | None = None, rounds: 
         during = traffic.run(url, served, streams=6, plain=2, max_tokens=3000, during=stop_now)
         container.reload()
         stop["exit"] = container.attrs["State"]["ExitCode"]
-    finally:
-        container.remove(force=True)
     single = sorted(alone)[len(alone) // 2]
     rows = [ld.summary() for ld in loads]
     log(f"bench: load p50 {[r['p50_s'] for r in rows]} s vs one request {single:.3f} s")

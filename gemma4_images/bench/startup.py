@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shlex
-import time
 from pathlib import Path
 
 from gemma4_images.bench.figures import TARGET, TINY, ratio
@@ -49,7 +48,6 @@ def startup_commands(client, m: matrix.Matrix, image: str) -> tuple[list[str], l
 
 
 def time_to_health(
-    client,
     image: str,
     args: list[str],
     entrypoint: list[str] | None,
@@ -57,43 +55,26 @@ def time_to_health(
     budget: float = 600,
     files: dict[str, str] | None = None,
 ) -> float:
-    """Seconds from `docker run` to the first 200 on /health; the container is always removed.
-    files: host path -> path under WORKDIR, mounted read-only (what the image would have copied)."""
-    from gemma4_images.check.server import free_port, http
+    """Seconds from the start of the container to the first 200 on /health (the server harness,
+    check/server.started); the container is always removed. files: host path -> path under WORKDIR,
+    mounted read-only (what the image would have copied)."""
+    from gemma4_images.check.server import LoopbackContainer, NotHealthy, free_port, started
 
     port = free_port()
-    start = time.monotonic()
-    container = client.containers.run(
-        image,
-        [a.replace("{port}", str(port)) for a in args],
-        entrypoint=entrypoint,
-        detach=True,
-        network_mode="host",
-        labels=owned.labels(),
-        shm_size="1g",
-        environment={**STARTUP_ENV, "GEMMA4_MODEL": TINY},
-        volumes={
-            str(model): {"bind": TINY, "mode": "ro"},
-            **{host: {"bind": f"{WORKDIR}/{rel}", "mode": "ro"} for host, rel in (files or {}).items()},
-        },
-        working_dir=WORKDIR,
-    )
+    args = [a.replace("{port}", str(port)) for a in args]
+    container = LoopbackContainer(
+        image, entrypoint=entrypoint, network_mode="host", shm_size="1g", working_dir=WORKDIR
+    ).with_command(args)
+    for key, value in {**STARTUP_ENV, "GEMMA4_MODEL": TINY}.items():
+        container.with_env(key, value)
+    container.with_volume_mapping(str(model), TINY, "ro")
+    for host, rel in (files or {}).items():
+        container.with_volume_mapping(host, f"{WORKDIR}/{rel}", "ro")
     try:
-        while time.monotonic() - start < budget:
-            try:
-                if http("GET", f"http://127.0.0.1:{port}/health", timeout=2)[0] == 200:
-                    return time.monotonic() - start
-            except OSError:
-                pass
-            container.reload()
-            if container.status == "exited":
-                raise RuntimeError(
-                    f"{image} exited before /health answered:\n" + container.logs().decode(errors="replace")[-2000:]
-                )
-            time.sleep(0.5)
-        raise RuntimeError(f"{image}: /health did not answer within {budget:.0f} s")
-    finally:
-        container.remove(force=True)
+        with started(container, port, TINY, args, budget) as server:
+            return server.seconds_to_healthy
+    except NotHealthy as e:  # a benchmark that could not measure: bench says so in one line
+        raise RuntimeError(f"{image}: {e}:\n" + "\n".join(e.log[-30:])) from None
 
 
 def startup_bench(client, log, m: matrix.Matrix, image: str | None = None, rounds: int = STARTUP_ROUNDS) -> dict:
@@ -107,8 +88,8 @@ def startup_bench(client, log, m: matrix.Matrix, image: str | None = None, round
     files = {str(p): str(p.relative_to(upstream.STAGE)) for p in upstream.stage(m)}
     times: dict[str, list[float]] = {"bare": [], "ours": []}
     for n in range(rounds):
-        times["bare"].append(time_to_health(client, base, bare, ["vllm", "serve"], model, files=files))
-        times["ours"].append(time_to_health(client, image, ours, None, model))
+        times["bare"].append(time_to_health(base, bare, ["vllm", "serve"], model, files=files))
+        times["ours"].append(time_to_health(image, ours, None, model))
         log(f"bench: start-up round {n + 1}/{rounds}: bare {times['bare'][-1]:.1f} s, ours {times['ours'][-1]:.1f} s")
     med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
     r = ratio(med["ours"], med["bare"])

@@ -194,6 +194,33 @@ class Server:
 
 
 @contextmanager
+def started(container: LoopbackContainer, port: int, served: str, args: list[str], budget: float, wait: bool = True):
+    """Start container (its server binding 127.0.0.1:port), wait for /health unless wait is False,
+    yield the Server, and always remove the container; its whole log is in final_log afterwards.
+    seconds_to_healthy counts from the start request. NotHealthy, carrying the log, if /health
+    never answers. Every server here runs through this: serve() for a target's image as
+    targets.yaml runs it, the bench for a bare `vllm serve` on the base, the tests for a pod spec."""
+    server = None
+    begun = time.monotonic()
+    try:
+        container.start()
+        server = Server(f"http://127.0.0.1:{port}", served, args, container.get_wrapped_container())
+        if wait:
+            try:
+                wait_healthy(server.container, server.url, budget)
+            except NotHealthy as e:
+                e.log = server.log()
+                raise
+            server.seconds_to_healthy = time.monotonic() - begun
+        yield server
+    finally:
+        if container.created:
+            if server is not None:
+                server.final_log = server.log()
+            container.stop()
+
+
+@contextmanager
 def serve(
     matrix: Matrix,
     target: str,
@@ -206,29 +233,11 @@ def serve(
     customize=None,
     **kw,
 ):
-    """Start image as targets.yaml runs target (container_for's options in kw), wait for /health
-    unless wait is False (the caller waits: server.wait()), yield the Server, always remove the
-    container; its whole log is in final_log afterwards. customize(container), if given, adds
-    mounts and env before the start. NotHealthy if it never answers (the log is on the exception)."""
+    """Start image as targets.yaml runs target (container_for's options in kw) with model, through
+    started(). customize(container), if given, adds mounts and env before the start."""
     port = free_port()
     container, served, args = container_for(matrix, target, image, model, port, extra_args, **kw)
     if customize:
         customize(container)
-    server = None
-    try:
-        container.start()
-        server = Server(f"http://127.0.0.1:{port}", served, args, container.get_wrapped_container())
-        if wait:
-            try:
-                server.seconds_to_healthy = wait_healthy(
-                    server.container, server.url, budget or matrix.targets[target].startup_budget_s
-                )
-            except NotHealthy as e:
-                e.log = server.log()
-                raise
+    with started(container, port, served, args, budget or matrix.targets[target].startup_budget_s, wait) as server:
         yield server
-    finally:
-        if container.created:
-            if server is not None:
-                server.final_log = server.log()
-            container.stop()

@@ -2,6 +2,7 @@
 with fixed tags, so the layer cache carries over between runs and nothing collides with users'."""
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -108,19 +109,37 @@ def rootfs(client):
 
 
 @pytest.fixture(scope="session")
-def standin(client, rootfs):
+def inline_build(client):
+    """Factory: build the Dockerfile text as tag from a throwaway context holding files ({name:
+    text, bytes, or a host file or folder copied in}); returns tag. The tests' small images (stand-in
+    bases, deliberate leaks, label-only layers) are all built this way, through the product's own
+    streamed build (docker_build.build: a failure is BuildFailed with the step's log)."""
+
+    def make(dockerfile: str, tag: str, buildargs: dict | None = None, files: dict | None = None) -> str:
+        with tempfile.TemporaryDirectory() as ctx:
+            (Path(ctx) / "Dockerfile").write_text(dockerfile)
+            for name, content in (files or {}).items():
+                dest = Path(ctx) / name
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                if isinstance(content, Path):
+                    (shutil.copytree if content.is_dir() else shutil.copy)(content, dest)
+                else:
+                    (dest.write_bytes if isinstance(content, bytes) else dest.write_text)(content)
+            build(
+                client, BuildSpec(dockerfile="Dockerfile", tag=tag, context=Path(ctx), buildargs=buildargs or {}), log
+            )
+        return tag
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def standin(rootfs, inline_build):
     """Factory: the metadata-only stand-in base for a vLLM version."""
 
     def make(version="0.30.0"):
-        tag = f"gemma4-e2b-standin/vllm-metadata-only:{version}"
-        with tempfile.TemporaryDirectory() as ctx:
-            (Path(ctx) / "Dockerfile").write_text(STANDIN_DOCKERFILE.replace("{version}", version))
-            build(
-                client,
-                BuildSpec(dockerfile="Dockerfile", tag=tag, context=Path(ctx), buildargs={"ROOTFS_IMAGE": rootfs}),
-                log,
-            )
-        return tag
+        dockerfile = STANDIN_DOCKERFILE.replace("{version}", version)
+        return inline_build(dockerfile, f"gemma4-e2b-standin/vllm-metadata-only:{version}", {"ROOTFS_IMAGE": rootfs})
 
     return make
 

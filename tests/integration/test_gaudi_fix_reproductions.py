@@ -11,7 +11,6 @@ fast-prefill test builds its layers from."""
 import hashlib
 import shutil
 import tarfile
-import tempfile
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from gemma4_images.build import owned
+from tests import fix_tests
 
 pytestmark = pytest.mark.integration
 
@@ -65,18 +65,11 @@ def snapshot(dest: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def test_image(client, cpu_base):
+def test_image(cpu_base, inline_build):
     from gemma4_images.build import wheels
-    from gemma4_images.build.docker_build import BuildSpec, build
 
-    with tempfile.TemporaryDirectory() as ctx:
-        (Path(ctx) / "wheels").mkdir()
-        for requirement in PYTEST_WHEELS:
-            shutil.copy(wheels.wheel(requirement), Path(ctx) / "wheels")
-        (Path(ctx) / "Dockerfile").write_text(DOCKERFILE)
-        spec = BuildSpec(dockerfile="Dockerfile", tag=IMAGE, context=Path(ctx), buildargs={"BASE": cpu_base})
-        build(client, spec, log)
-    return IMAGE
+    files = {f"wheels/{wheels.wheel(r).name}": wheels.wheel(r) for r in PYTEST_WHEELS}
+    return inline_build(DOCKERFILE, IMAGE, {"BASE": cpu_base}, files)
 
 
 def test_every_gaudi_fix_reproduction_runs_and_passes(client, test_image, tmp_path):
@@ -86,28 +79,16 @@ def test_every_gaudi_fix_reproduction_runs_and_passes(client, test_image, tmp_pa
     model = tiny_model.ensure()
     shutil.copytree(model, tmp_path / "cache" / model.name)
     started = time.monotonic()
+    python, *args = fix_tests.command("/opt/venv/bin/python", extra=["--junitxml=/work/junit.xml"])
     container = client.containers.run(
         test_image,
-        entrypoint="/opt/venv/bin/python",
+        entrypoint=python,
         network_mode="host",
         detach=True,
         labels=owned.labels(),
-        command=[
-            "-m",
-            "pytest",
-            "--noconftest",
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            "-rs",
-            "-W",
-            "ignore::DeprecationWarning",
-            "--junitxml=/work/junit.xml",
-            *sorted(str(p.relative_to(REPO)) for p in (REPO / "tests" / "unit").glob("test_gaudi_fix_*.py")),
-        ],
+        command=args,
         environment={
-            "VLLM_GAUDI_SRC": "/work/vllm-gaudi",
-            "GEMMA4_GAUDI_FIXES_NO_SKIP": "1",
+            **fix_tests.environment(src="/work/vllm-gaudi"),
             "GEMMA4_CACHE": "/work/cache",
             "PYTHONDONTWRITEBYTECODE": "1",
         },

@@ -10,8 +10,6 @@ import json
 import os
 import secrets
 import shlex
-import subprocess
-import sys
 import tarfile
 import threading
 import urllib.parse
@@ -24,21 +22,14 @@ from test_no_secrets import places_holding
 from gemma4_images.build import registry
 from gemma4_images.check import server, smoke
 from gemma4_images.publish import model_image
-from gemma4_images.spec import matrix
 from testkit import exchanges, trained
 from testkit.exec_forward import ExecForward
+from tests.cli import build_py
 
 pytestmark = pytest.mark.integration
 
 MODEL_TAG = "gemma4-e2b-test/model:tiny"
 VOLUME = "gemma4-e2b-test-model-tiny"
-
-
-def build_py(*args, env=None, cwd=matrix.ROOT):
-    """build.py run from cwd: reports/ (pushed.json) is written there."""
-    return subprocess.run(
-        [sys.executable, str(matrix.ROOT / "build.py"), *args], cwd=cwd, capture_output=True, text=True, env=env
-    )
 
 
 @pytest.fixture(scope="module")

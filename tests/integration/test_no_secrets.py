@@ -4,8 +4,6 @@ layer, history entry, label or env var. The scanner is shown to catch a leak fir
 import json
 import os
 import secrets
-import subprocess
-import sys
 import tarfile
 import tempfile
 from pathlib import Path
@@ -13,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from gemma4_images.build import localbase
-from gemma4_images.build.docker_build import BuildSpec, build
-from gemma4_images.spec import matrix
+from tests.cli import build_py
 
 pytestmark = pytest.mark.integration
 
@@ -66,21 +63,15 @@ def files_holding(client, image, base_layers: list[str], needle: bytes) -> list[
     return found
 
 
-def test_scanner_catches_a_leak(client):
+def test_scanner_catches_a_leak(client, inline_build):
     secret = "hf_scan" + secrets.token_hex(8)
     rootfs = localbase.rootfs(client, print)
-    with tempfile.TemporaryDirectory() as ctx:
-        Path(ctx, "Dockerfile").write_text(
-            f'FROM {rootfs}\nARG T\nRUN echo "$T" > /leak\n'
-            f'LABEL org.opencontainers.image.base.name={rootfs} io.gemma4-images.test="deliberate leak"\n'
-        )
-        build(
-            client,
-            BuildSpec(
-                dockerfile="Dockerfile", tag="gemma4-e2b-test/leaky:scan", context=Path(ctx), buildargs={"T": secret}
-            ),
-            print,
-        )
+    inline_build(
+        f'FROM {rootfs}\nARG T\nRUN echo "$T" > /leak\n'
+        f'LABEL org.opencontainers.image.base.name={rootfs} io.gemma4-images.test="deliberate leak"\n',
+        "gemma4-e2b-test/leaky:scan",
+        {"T": secret},
+    )
     found = places_holding(client, "gemma4-e2b-test/leaky:scan", secret)
     assert any(f.startswith("history") for f in found) and "file /leak" in found
 
@@ -90,12 +81,15 @@ def test_build_with_a_token_in_the_environment_leaks_nothing(client, cpu_base):
     secret = "hf_" + secrets.token_hex(16)
     tag = "gemma4-e2b-test/xeon6:secret-scan"
     env = {**os.environ, "HF_TOKEN": secret, "HUGGING_FACE_HUB_TOKEN": secret}
-    run = subprocess.run(
-        [sys.executable, "build.py", "build", "cpu", "--tiny", "--tag", tag, "--base-image", cpu_base],
-        cwd=matrix.ROOT,
+    run = build_py(
+        "build",
+        "cpu",
+        "--tiny",
+        "--tag",
+        tag,
+        "--base-image",
+        cpu_base,
         env=env,
-        capture_output=True,
-        text=True,
     )
     assert run.returncode == 0, run.stderr[-2000:]
     assert secret not in run.stdout + run.stderr

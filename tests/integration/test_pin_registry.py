@@ -3,8 +3,6 @@ a base's tag, keeps the rest of targets.yaml as it was, `--check` names a tag wh
 and a build then pulls exactly the pinned image (and labels it with that digest)."""
 
 import difflib
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -13,8 +11,9 @@ import pytest
 from docker.errors import ImageNotFound
 
 from gemma4_images.build import images
-from gemma4_images.build.docker_build import BuildSpec, base_digest, build, local_image
+from gemma4_images.build.docker_build import base_digest, local_image
 from gemma4_images.spec import facts, matrix
+from tests.cli import build_py
 
 pytestmark = pytest.mark.integration
 TAG = "vllm/vllm-openai:v0.30.0-cu129"  # h100's base; h200 shares it through a YAML anchor
@@ -27,10 +26,6 @@ LABEL io.gemma4-images.test="pin"
 """
 
 
-def build_py(*args):
-    return subprocess.run([sys.executable, "build.py", *args], cwd=matrix.ROOT, capture_output=True, text=True)
-
-
 @pytest.fixture(scope="module")
 def host(client):
     with tempfile.TemporaryDirectory() as root, local_registry.registry(Path(root), client) as host:
@@ -38,20 +33,12 @@ def host(client):
 
 
 @pytest.fixture(scope="module")
-def publish_base(client, rootfs, host):
+def publish_base(client, rootfs, host, inline_build):
     """Factory: build a small image stamped `stamp` and push it as HOST/TAG; returns its digest."""
     ref = f"{host}/{TAG}"
 
     def publish(stamp: str) -> str:
-        with tempfile.TemporaryDirectory() as ctx:
-            (Path(ctx) / "Dockerfile").write_text(DOCKERFILE)
-            build(
-                client,
-                BuildSpec(
-                    dockerfile="Dockerfile", tag=ref, context=Path(ctx), buildargs={"BASE": rootfs, "STAMP": stamp}
-                ),
-                print,
-            )
+        inline_build(DOCKERFILE, ref, {"BASE": rootfs, "STAMP": stamp})
         digest = None
         for chunk in client.api.push(ref.rsplit(":", 1)[0], tag=ref.rsplit(":", 1)[1], stream=True, decode=True):
             assert "error" not in chunk, chunk

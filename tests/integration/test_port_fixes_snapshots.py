@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 
 from gemma4_images.spec.modules import load_file
+from tests import fix_tests
 
 pytestmark = pytest.mark.integration
 
@@ -368,19 +369,11 @@ def test_a_rebased_pack_passes_the_fixes_tests_with_its_coverage_marked_stale(tr
     assert f"hunk coverage: not re-recorded for {', '.join(moved)}" in result.stdout
     # the check the port left out: on the ported pack it fails for exactly the rebased fixes
     check = subprocess.run(
-        [
-            vllm_python,
-            "-m",
-            "pytest",
-            "--noconftest",
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            "-rf",
-            "tests/unit/test_gaudi_fix_manifests.py::test_manifest_coverage_counts_the_current_hunks",
-        ],
+        fix_tests.command(
+            vllm_python, ["tests/unit/test_gaudi_fix_manifests.py::test_manifest_coverage_counts_the_current_hunks"]
+        ),
         cwd=REPO,
-        env=dict(os.environ, GEMMA4_FIXES_PACK=str(out)),
+        env=dict(os.environ, **fix_tests.environment(pack=out, no_skip=False)),
         capture_output=True,
         text=True,
     )
@@ -397,23 +390,9 @@ def test_the_fixes_ported_to_v027_with_the_merge_accepted_pass_their_tests_there
     names = [n for n in gaudi_fixes(aa) if n != FAST]
     tests = sorted({t for n in names for t in json.loads((out / n / "fix.json").read_text())["tests"]})
     assert any(t.startswith("tests/unit/test_gaudi_fix_sampling.py::test_fixed_seeded") for t in tests)
-    env = dict(
-        os.environ, GEMMA4_FIXES_PACK=str(out), VLLM_GAUDI_SRC=str(trees["v0.27.0rc0"]), GEMMA4_GAUDI_FIXES_NO_SKIP="1"
-    )
+    env = dict(os.environ, **fix_tests.environment(src=trees["v0.27.0rc0"], pack=out))
     run = subprocess.run(
-        [
-            vllm_python,
-            "-m",
-            "pytest",
-            "--noconftest",
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            "-rfE",
-            "-W",
-            "ignore::DeprecationWarning",
-            *tests,
-        ],
+        fix_tests.command(vllm_python, tests),
         cwd=REPO,
         env=env,
         capture_output=True,

@@ -12,7 +12,6 @@ import local_registry
 import pytest
 from docker.errors import ImageNotFound
 
-from gemma4_images.build.docker_build import BuildSpec, build
 from gemma4_images.check.server import free_port
 from gemma4_images.check.smoke import Check, Report
 from gemma4_images.publish import publish
@@ -36,16 +35,10 @@ def registry(client):
 
 
 @pytest.fixture(scope="module")
-def image(client, rootfs):
-    """A small image on the local Debian base: a label and a file of its own."""
-    with tempfile.TemporaryDirectory() as ctx:
-        (Path(ctx) / "Dockerfile").write_text(DOCKERFILE)
-        build(
-            client,
-            BuildSpec(dockerfile="Dockerfile", tag=TEST_IMAGE, context=Path(ctx), buildargs={"BASE": rootfs}),
-            print,
-        )
-    return TEST_IMAGE  # kept for the layer cache; the registry's tags go with the registry
+def image(rootfs, inline_build):
+    """A small image on the local Debian base: a label and a file of its own. Kept for the layer
+    cache; the registry's tags go with the registry."""
+    return inline_build(DOCKERFILE, TEST_IMAGE, {"BASE": rootfs})
 
 
 def smoke_report(reports: Path, image: str, status: str = "pass") -> Path:

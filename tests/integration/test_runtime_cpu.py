@@ -58,18 +58,14 @@ def locked(client, m, cpu_image):
     # This 2-core builder's RAM: as the CPU smoke tier sets it.
     for key, value in {**env, "GEMMA4_MODEL": "/models/tiny", "VLLM_CPU_KVCACHE_SPACE": "1"}.items():
         container.with_env(key, value)
-    container.with_command(
-        ["--enforce-eager", "--host", "127.0.0.1", "--port", str(port), "--served-model-name", MODEL]
-    )
-    url = f"http://127.0.0.1:{port}"
+    args = ["--enforce-eager", "--host", "127.0.0.1", "--port", str(port), "--served-model-name", MODEL]
+    container.with_command(args)
     try:
-        container.start()
-        wrapped = container.get_wrapped_container()
-        ready_before = wrapped.exec_run(c["readinessProbe"]["exec"]["command"]).exit_code
-        server.wait_healthy(wrapped, url, m.targets["xeon6"].startup_budget_s)
-        yield wrapped, url, c, ready_before
+        with server.started(container, port, MODEL, args, m.targets["xeon6"].startup_budget_s, wait=False) as srv:
+            ready_before = srv.container.exec_run(c["readinessProbe"]["exec"]["command"]).exit_code
+            server.wait_healthy(srv.container, srv.url, m.targets["xeon6"].startup_budget_s)
+            yield srv.container, srv.url, c, ready_before
     finally:
-        container.stop()
         shutil.rmtree(cache, ignore_errors=True)
 
 

@@ -6,29 +6,21 @@ git, the repository's diffs, the upstream files in the image without fixes, the 
 import hashlib
 import json
 import re
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
 
 import pytest
 
 from gemma4_images.build import probe
-from gemma4_images.build.docker_build import BuildSpec, build
 from gemma4_images.check import image_contents
 from gemma4_images.publish import provenance, sbom
 from gemma4_images.spec import facts, matrix
 from testkit import tiny_model
 from testkit.in_toto import parse
+from tests.cli import build_py
 
 pytestmark = pytest.mark.integration
 
 FIXES_LABEL = "io.gemma4-images.fixes"
 SITE = "/opt/venv/lib/python3.11/site-packages"  # the CPU base's venv (bases/vllm-cpu-local/Dockerfile)
-
-
-def build_py(*args):
-    return subprocess.run([sys.executable, "build.py", *args], cwd=matrix.ROOT, capture_output=True, text=True)
 
 
 def normal(name: str) -> str:
@@ -130,14 +122,11 @@ def test_sbom_of_the_image_without_fixes_has_no_patches(client, unfixed_image, c
 
 
 @pytest.fixture(scope="module")
-def mislabelled(client, cpu_image):
+def mislabelled(client, cpu_image, inline_build):
     """The CPU image with its fixes label claiming one fix only (a label-only layer on top)."""
     tag = "gemma4-e2b-test/xeon6:wrong-fixes-label"
     first = client.images.get(cpu_image).labels[FIXES_LABEL].split(",")[0]
-    with tempfile.TemporaryDirectory() as ctx:
-        (Path(ctx) / "Dockerfile").write_text(f'FROM {cpu_image}\nLABEL {FIXES_LABEL}="{first}"\n')
-        build(client, BuildSpec(dockerfile="Dockerfile", tag=tag, context=Path(ctx), buildargs={}), print)
-    return tag
+    return inline_build(f'FROM {cpu_image}\nLABEL {FIXES_LABEL}="{first}"\n', tag)
 
 
 def test_sbom_is_refused_when_the_label_and_fixes_json_disagree(mislabelled, tmp_path):

@@ -6,9 +6,7 @@ The attached "SBOM" and "provenance" are small stand-in documents, not the gener
 
 import json
 import os
-import shutil
 import subprocess
-import sys
 import tempfile
 import time
 import zlib
@@ -19,10 +17,9 @@ import pytest
 from test_no_secrets import files_holding
 
 from gemma4_images.build import registry as registry_api
-from gemma4_images.build.docker_build import BuildSpec, build
 from gemma4_images.check.smoke import Check, Report
 from gemma4_images.publish import attach, publish, signing, verify
-from gemma4_images.spec import matrix
+from tests.cli import build_py
 
 pytestmark = pytest.mark.integration
 TARGET = "xeon6"
@@ -89,17 +86,13 @@ def keys():
             os.environ["GNUPGHOME"] = before
 
 
-def stand_in(client, tag: str, probe: str) -> str:
-    with tempfile.TemporaryDirectory() as ctx:
-        (Path(ctx) / "Dockerfile").write_text(DOCKERFILE.format(revision=REVISION))
-        (Path(ctx) / "probe").write_text(probe)
-        build(client, BuildSpec(dockerfile="Dockerfile", tag=tag, context=Path(ctx), buildargs={}), print)
-    return tag
-
-
 @pytest.fixture(scope="module")
-def images(client):
-    return stand_in(client, SIGNED, "signed\n"), stand_in(client, UNSIGNED, "not signed\n")
+def images(inline_build):
+    dockerfile = DOCKERFILE.format(revision=REVISION)
+    return (
+        inline_build(dockerfile, SIGNED, files={"probe": "signed\n"}),
+        inline_build(dockerfile, UNSIGNED, files={"probe": "not signed\n"}),
+    )
 
 
 @pytest.fixture
@@ -187,12 +180,15 @@ def test_build_py_push_signs_and_attaches_from_the_command_line(registry, images
     """The options as a release job passes them: the key from the environment, reports/ in its cwd."""
     reports(tmp_path / "reports", images[0])
     env = {**os.environ, "GEMMA4_SIGN_BY": keys["fpr"]}
-    run = subprocess.run(
-        [sys.executable, str(matrix.ROOT / "build.py"), "push", TARGET, "--image", images[0], "--registry", registry],
+    run = build_py(
+        "push",
+        TARGET,
+        "--image",
+        images[0],
+        "--registry",
+        registry,
         cwd=tmp_path,
         env=env,
-        capture_output=True,
-        text=True,
     )
     assert run.returncode == 0, run.stderr
     (entry,) = json.loads((tmp_path / "reports" / "pushed.json").read_text())
@@ -240,9 +236,7 @@ def test_pushing_again_signs_nothing_twice(client, m, registry, images, keys, tm
 
 
 def cli_verify(ref: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "build.py", "verify", ref, *args], cwd=matrix.ROOT, capture_output=True, text=True
-    )
+    return build_py("verify", ref, *args)
 
 
 def test_an_unsigned_image_under_the_signed_name_is_refused(client, m, registry, images, keys, tmp_path):
@@ -397,17 +391,13 @@ def test_refused_before_anything_is_pushed(client, m, registry, images, keys, tm
     assert registry_api.manifest_digest(host, path, "xeon6-v0.30.0") is None
 
 
-def test_the_signing_key_reaches_no_image(client, m, registry, images, keys, tmp_path):
+def test_the_signing_key_reaches_no_image(client, m, registry, images, keys, tmp_path, inline_build):
     """Signing happens after the build, outside it: the signed image holds no private key. The
     scan is shown to find the key first, in an image that deliberately copies it in."""
     secrets = [path.read_bytes() for path in (keys["home"] / "private-keys-v1.d").glob("*.key")]
     assert secrets
-    with tempfile.TemporaryDirectory() as ctx:
-        dockerfile = 'FROM scratch\nCOPY keys /root/.gnupg/private-keys-v1.d\nLABEL io.gemma4-images.test="key leak"\n'
-        (Path(ctx) / "Dockerfile").write_text(dockerfile)
-        shutil.copytree(keys["home"] / "private-keys-v1.d", Path(ctx) / "keys")
-        leaky = "gemma4-e2b-test/sign:leaky"
-        build(client, BuildSpec(dockerfile="Dockerfile", tag=leaky, context=Path(ctx), buildargs={}), print)
+    dockerfile = 'FROM scratch\nCOPY keys /root/.gnupg/private-keys-v1.d\nLABEL io.gemma4-images.test="key leak"\n'
+    leaky = inline_build(dockerfile, "gemma4-e2b-test/sign:leaky", files={"keys": keys["home"] / "private-keys-v1.d"})
     assert any(files_holding(client, client.images.get(leaky), [], s) for s in secrets)
 
     folder = reports(tmp_path / "reports", images[0], with_files=False)

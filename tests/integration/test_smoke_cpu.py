@@ -4,8 +4,6 @@ class, made here) through the same `build.py smoke` path users run."""
 import json
 import shlex
 import shutil
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,15 +12,11 @@ import pytest
 
 from gemma4_images.build import owned, wheels
 from gemma4_images.check import server, smoke
-from gemma4_images.spec import matrix
 from testkit import exchanges, tiny_model, trained
 from tests import stuck_engine
+from tests.cli import build_py
 
 pytestmark = pytest.mark.integration
-
-
-def build_py(*args):
-    return subprocess.run([sys.executable, "build.py", *args], cwd=matrix.ROOT, capture_output=True, text=True)
 
 
 def test_cpu_smoke_tier_passes(m, cpu_image, tmp_path, no_new_containers):

@@ -5,14 +5,13 @@ after, through the real `build.py smoke` on the tiny CPU image."""
 
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
 from gemma4_images.build import owned
 from gemma4_images.spec import matrix
-from tests import signals
+from tests import cli, signals
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +29,7 @@ def started_smoke(client, tmp_path, wait_for: str):
     ("created") or has answered /health and the checks are under way ("checks")."""
     out = tmp_path / "smoke.log"
     proc = subprocess.Popen(
-        [sys.executable, "build.py", "smoke", "cpu", "--tiny", "--report", str(tmp_path / "r.json")],
+        cli.command("smoke", "cpu", "--tiny", "--report", str(tmp_path / "r.json")),
         cwd=matrix.ROOT,
         stdout=out.open("w"),
         stderr=subprocess.STDOUT,
@@ -76,12 +75,7 @@ def test_after_sigkill_the_next_run_removes_the_stray_and_nothing_else(client, c
         proc.wait(timeout=60)
         stray = client.containers.list(all=True, filters=label)
         assert len(stray) == 1, "SIGKILL leaves the server: nothing in the process can remove it"
-        r = subprocess.run(
-            [sys.executable, "build.py", "smoke", "cpu", "--image", "gemma4-e2b-test/no-such-image:x"],
-            cwd=matrix.ROOT,
-            capture_output=True,
-            text=True,
-        )
+        r = cli.build_py("smoke", "cpu", "--image", "gemma4-e2b-test/no-such-image:x")
         assert r.returncode == 1 and "no local image gemma4-e2b-test/no-such-image:x" in r.stderr, r.stderr
         assert f"removed container {stray[0].name}: the run that started it is gone" in r.stderr, r.stderr
         assert everything(client) == before | {alive.id}, "the stray is gone, the live owner's container stays"

@@ -13,12 +13,10 @@ import pytest
 from gemma4_images.generate import render
 from gemma4_images.spec import matrix
 from tests import signals
+from tests.cli import build_py as cli
+from tests.cli import command
 
 ROOT = matrix.ROOT
-
-
-def cli(*args, env=None, cwd=ROOT):
-    return subprocess.run([sys.executable, "build.py", *args], cwd=cwd, capture_output=True, text=True, env=env)
 
 
 def test_list_shows_every_target():
@@ -121,7 +119,7 @@ def test_run_passes_a_stop_signal_on_to_docker_run(tmp_path, signum):
     (tmp_path / "docker").chmod(0o755)
     env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
     proc = subprocess.Popen(
-        [sys.executable, "build.py", "run", "cpu"],
+        command("run", "cpu"),
         cwd=ROOT,
         env=env,
         stderr=subprocess.PIPE,

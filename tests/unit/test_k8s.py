@@ -4,8 +4,6 @@ probe run for real against a local HTTP server."""
 
 import http.server
 import json
-import subprocess
-import sys
 import threading
 
 import kubernetes_validate
@@ -17,6 +15,7 @@ from gemma4_images.generate import k8s
 from gemma4_images.publish import publish
 from gemma4_images.spec import matrix
 from gemma4_images.spec.image_code import gemma4_serve
+from tests.cli import build_py
 
 M = matrix.load()
 TARGETS = list(M.targets)
@@ -276,9 +275,7 @@ def test_no_service_links_into_vllm_env():
 
 def test_aliases_and_unknown_targets():
     def run(*args):
-        return subprocess.run(
-            [sys.executable, "build.py", "k8s", *args], cwd=matrix.ROOT, capture_output=True, text=True
-        )
+        return build_py("k8s", *args)
 
     assert run("cpu").stdout == run("xeon6").stdout != ""
     r = run("h800")

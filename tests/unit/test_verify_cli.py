@@ -3,19 +3,15 @@ a malformed reference), before any copy starts. The checks themselves run agains
 registry in tests/integration/test_signing.py."""
 
 import os
-import subprocess
-import sys
 
 import pytest
 
 from gemma4_images.check.server import free_port
-from gemma4_images.spec import matrix
+from tests.cli import build_py
 
 
 def verify(*args, env=None):
-    return subprocess.run(
-        [sys.executable, "build.py", "verify", *args], cwd=matrix.ROOT, capture_output=True, text=True, env=env
-    )
+    return build_py("verify", *args, env=env)
 
 
 @pytest.fixture
