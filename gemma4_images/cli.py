@@ -608,7 +608,12 @@ def inspect(image):
     is_flag=True,
     help="Also build each stand-in base and one image on it with no cache, under throwaway tags (~15 min).",
 )
-def bench_cmd(skip_build, skip_serving, skip_startup, skip_load, with_base, quickstart, standins):
+@click.option(
+    "--tests",
+    is_flag=True,
+    help="Also time `make test` in a fresh clone, in two lanes and in one (the baseline; ~30 min).",
+)
+def bench_cmd(skip_build, skip_serving, skip_startup, skip_load, with_base, quickstart, standins, tests):
     """Cold/no-change/one-patch/one-entrypoint-line rebuilds, image overhead, gemma4-bench in the CPU
     image with the tiny model, and start-up time against bare vllm serve; regenerates BENCHMARKS.md
     (the parts not run keep their last figures, from benchmarks.json)."""
@@ -624,6 +629,7 @@ def bench_cmd(skip_build, skip_serving, skip_startup, skip_load, with_base, quic
             load=not skip_load,
             quickstart=quickstart,
             standins=standins,
+            tests=tests,
         )
     except RuntimeError as e:  # a benchmark that could not measure what it set out to
         fail(str(e))

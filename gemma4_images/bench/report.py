@@ -8,6 +8,7 @@ from gemma4_images.bench.load import load_section
 from gemma4_images.bench.quickstart import quickstart_section
 from gemma4_images.bench.standins import section as standins_section
 from gemma4_images.bench.startup import startup_section
+from gemma4_images.bench.tests_time import section as tests_section
 from gemma4_images.spec.image_code import gemma4_bench as harness
 
 # -- BENCHMARKS.md -------------------------------------------------------------------------------
@@ -49,6 +50,7 @@ def render_results(results: dict) -> str:
         results.get("load"),
         results.get("quickstart"),
         results.get("standins"),
+        results.get("tests"),
     )
 
 
@@ -60,6 +62,7 @@ def render(
     load: dict | None = None,
     quickstart: dict | None = None,
     standins: dict | None = None,
+    tests: dict | None = None,
 ) -> str:
 
     out = [
@@ -127,6 +130,8 @@ def render(
         out += quickstart_section(quickstart)
     if standins:
         out += standins_section(standins)
+    if tests:
+        out += tests_section(tests)
     if startup:
         out += startup_section(startup)
     if load:

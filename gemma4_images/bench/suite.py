@@ -39,6 +39,7 @@ def main(
     load: bool = True,
     quickstart: bool = False,
     standins: bool = False,
+    tests: bool = False,
 ) -> dict:
     from gemma4_images.build.docker_build import connect
 
@@ -75,6 +76,12 @@ def main(
         t = time.monotonic()
         results["standins"] = measure_standins(client, m, log, str(tiny_model.ensure()))
         timings["stand-ins, no-cache base and image builds"] = time.monotonic() - t
+    if tests:
+        from gemma4_images.bench import tests_time
+
+        t = time.monotonic()
+        results["tests"] = tests_time.measure(log)
+        timings["make test, two lanes then one"] = time.monotonic() - t
     timings["cpu"] = f"{__import__('os').cpu_count()} cores"
     RESULTS.write_text(json.dumps(results, indent=2, default=str) + "\n")
     out.write_text(render_results(json.loads(RESULTS.read_text())))

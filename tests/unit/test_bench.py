@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from gemma4_images.bench import figures, quickstart, report, standins
+from gemma4_images.bench import figures, quickstart, report, standins, tests_time
 from gemma4_images.spec import matrix
 from gemma4_images.spec.image_code import gemma4_bench as h
 
@@ -204,3 +204,13 @@ def test_the_stand_ins_table_gives_each_against_the_cpu_stand_in_of_the_same_run
         ["50 s", "1.00x", "4.00 GB", "1.00x", "30 s (t)"],
         ["125 s", "2.50x", "11.00 GB", "2.75x", "60 s (t)"],
     ]
+
+
+def test_the_test_suite_table_reads_pytests_summary_and_judges_the_lanes():
+    line = "=========== 779 passed, 82 skipped, 12 deselected in 1017.69s (0:16:57) ==========="
+    assert tests_time.SUMMARY.findall(line) == ["779 passed, 82 skipped, 12 deselected"]
+    runs = {"two lanes": {"seconds": 600, "summary": "s"}, "one lane (baseline)": {"seconds": 1000, "summary": "s"}}
+    text = "\n".join(tests_time.section({"commit": "abc", "target_s": 900, "runs": runs}))
+    assert "| two lanes           | 600     | 0.60x       |" in text and "10.0 min (target <= 15 min: met)" in text
+    runs["two lanes"]["seconds"] = 901
+    assert "NOT met" in "\n".join(tests_time.section({"commit": "abc", "target_s": 900, "runs": runs}))
