@@ -21,12 +21,12 @@ def load_bench(client, log, m: matrix.Matrix, image: str | None = None, rounds: 
     # The CPU tier as targets.yaml runs it (the smoke's launch), with the tiny trained model.
     with server.serve(m, TARGET, image, str(trained.ensure())) as srv:
         url, served, container = srv.url, srv.served, srv.container
-        traffic.run(url, served, streams=2, plain=0)  # warm-up (the sampler compiles)
-        alone = [traffic.run(url, served, streams=1, plain=0).latencies()[0] for _ in range(rounds)]
+        traffic.run(url, served, **traffic.WARM_UP)
+        alone = [traffic.run(url, served, **traffic.ALONE).latencies()[0] for _ in range(rounds)]
         rss_idle = running.rss_bytes(container)
-        loads = [traffic.run(url, served, streams=64, plain=16) for _ in range(rounds)]
+        loads = [traffic.run(url, served, **traffic.RECIPE_LOAD) for _ in range(rounds)]
         rss_loaded = running.rss_bytes(container)
-        faults = traffic.run(url, served, streams=16, plain=4, hang_ups=4, max_tokens=200)
+        faults = traffic.run(url, served, **traffic.HANG_UPS)
         running_after = traffic.wait_for_metric(url, "vllm:num_requests_running", 0.0, budget=60)
         stop = {}
 

@@ -49,6 +49,14 @@ class Load:
         }
 
 
+# The scenarios the load benchmark measures and the runtime tests check, in one place (run's
+# keyword arguments). WARM_UP first: the CPU sampler compiles on its first requests.
+WARM_UP = {"streams": 2, "plain": 0}
+ALONE = {"streams": 1, "plain": 0}
+RECIPE_LOAD = {"streams": 64, "plain": 16}  # the recipe's --max-num-seqs 64, plus plain requests beside
+HANG_UPS = {"streams": 16, "plain": 4, "hang_ups": 4, "max_tokens": 200}  # 4 clients leave mid-stream
+
+
 def percentile(values: list[float], p: float) -> float:
     if len(values) == 1:
         return values[0]

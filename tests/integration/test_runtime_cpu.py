@@ -90,12 +90,12 @@ def test_it_serves_as_the_manifest_says(locked):
 
 def test_64_streams_and_plain_requests_at_once_all_complete(locked):
     wrapped, url = locked[:2]
-    traffic.run(url, MODEL, streams=2, plain=0)  # warm-up: the sampler compiles once
-    alone = traffic.run(url, MODEL, streams=1, plain=0)
+    traffic.run(url, MODEL, **traffic.WARM_UP)
+    alone = traffic.run(url, MODEL, **traffic.ALONE)
     rss_idle = running.rss_bytes(wrapped)
-    load = traffic.run(url, MODEL, streams=64, plain=16)  # the recipe's --max-num-seqs 64
+    load = traffic.run(url, MODEL, **traffic.RECIPE_LOAD)
     rss_loaded = running.rss_bytes(wrapped)
-    assert len(load.outcomes) == 80, "a request was lost"
+    assert len(load.outcomes) == traffic.RECIPE_LOAD["streams"] + traffic.RECIPE_LOAD["plain"], "a request was lost"
     assert [o for o in load.outcomes if o.status != 200 or o.error] == []
     assert all(o.done and not o.error_event for o in load.of("stream"))
     s = load.summary()
@@ -107,8 +107,9 @@ def test_64_streams_and_plain_requests_at_once_all_complete(locked):
 
 def test_clients_that_hang_up_mid_stream_leave_the_others_and_the_engine_clean(locked):
     url = locked[1]
-    load = traffic.run(url, MODEL, streams=16, plain=4, hang_ups=4, max_tokens=200)
-    assert len(load.of("disconnect")) == 4 and all(o.chunks == 2 for o in load.of("disconnect"))
+    load = traffic.run(url, MODEL, **traffic.HANG_UPS)
+    left = load.of("disconnect")
+    assert len(left) == traffic.HANG_UPS["hang_ups"] and all(o.chunks == 2 for o in left)
     assert all(o.status == 200 and o.done for o in load.of("stream")), load.of("stream")
     assert all(o.status == 200 and not o.error for o in load.of("plain")), load.of("plain")
     # The engine lets go of the requests whose clients left: nothing stays running.
