@@ -39,7 +39,13 @@ def measure(log=print) -> dict:
             }
             log(f"tests: {name}: {seconds:.0f} s, exit {run.returncode}, {out['runs'][name]['summary']}")
             if run.returncode:
-                raise RuntimeError(f"make test LANES={lanes} exited {run.returncode}:\n{run.stdout[-3000:]}")
+                kept = Path(tempfile.gettempdir()) / f"gemma4-bench-tests-lanes{lanes}.log"
+                kept.write_text(run.stdout + run.stderr)
+                marks = [run.stdout.find(m) for m in ("= ERRORS =", "= FAILURES =") if m in run.stdout]
+                problems = run.stdout[min(marks) :] if marks else run.stdout[-6000:]
+                raise RuntimeError(
+                    f"make test LANES={lanes} exited {run.returncode} (whole log: {kept}):\n{problems[:6000]}"
+                )
         return out
     finally:
         shutil.rmtree(clone, ignore_errors=True)

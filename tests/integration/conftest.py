@@ -244,7 +244,19 @@ def no_build_leftovers(client):
     def dangling():
         return {i.id for i in client.images.list(filters={"dangling": True})}
 
+    def describe_containers(ids):
+        found = [c for c in client.containers.list(all=True) if c.id in ids]
+        return [(c.name, c.image.tags or c.image.id[:19], c.attrs["Config"].get("Cmd"), c.labels) for c in found]
+
+    def describe_images(ids):
+        return [
+            (i.id[:19], i.labels, [h.get("CreatedBy", "")[-80:] for h in i.history()[:2]])
+            for i in map(client.images.get, ids)
+        ]
+
     before = (intermediate() | _session_containers(client), dangling())
     yield
-    assert (intermediate() | _session_containers(client)) - before[0] == set(), "containers left behind"
-    assert dangling() - before[1] == set(), "dangling images left behind"
+    left = (intermediate() | _session_containers(client)) - before[0]
+    assert left == set(), f"containers left behind: {describe_containers(left)}"
+    new = dangling() - before[1]
+    assert new == set(), f"dangling images left behind: {describe_images(new)}"

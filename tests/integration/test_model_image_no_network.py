@@ -14,9 +14,9 @@ import tarfile
 import threading
 import urllib.parse
 
+import local_registry
 import pytest
 from docker.errors import NotFound
-from local_registry import forget, start_registry, stop_registry
 from test_no_secrets import places_holding
 
 from gemma4_images.build import registry
@@ -127,13 +127,12 @@ def test_model_image_cli_builds_tags_by_content_and_pushes_with_a_digest(client,
     folder = trained.ensure()
     root = tmp_path / "registry"
     root.mkdir()
-    proc, host = start_registry(root)
     tag = "gemma4-e2b-test/model:cli"
     try:
         client.images.remove(tag, force=True)
     except NotFound:
         pass
-    try:
+    with local_registry.registry(root, client) as host:
         r = build_py(
             "model-image",
             str(folder),
@@ -162,9 +161,6 @@ def test_model_image_cli_builds_tags_by_content_and_pushes_with_a_digest(client,
             "model-image", str(folder), "--name", "tiny-gemma4-trained", "--tag", tag, "--registry", host, cwd=tmp_path
         )
         assert again.returncode == 0 and "not rebuilt" in again.stderr and "not pushed" in again.stderr, again.stderr
-    finally:
-        stop_registry(proc)
-        forget(client, host)
 
 
 def _exists(client, ref):
