@@ -2,8 +2,8 @@
 HW ?= cpu
 PY := .venv/bin/python
 PYTEST_ARGS ?= -m "not device"
-# Two lanes at once (pytest-xdist): one builds, one serves the images both share; unit tests fill
-# both (tests/integration/conftest.py). LANES=0 runs everything in this process, one test at a time.
+# Two lanes at once (pytest-xdist, tests/lanes.py): one builds, one serves the images both share; unit tests fill
+# both. LANES=0 runs everything in this process, one test at a time.
 LANES ?= 2
 
 .DEFAULT_GOAL := help
@@ -64,7 +64,7 @@ smoke: host-build ## Smoke-test HW's built image (add SMOKE_ARGS="--tiny" for th
 	$(PY) build.py smoke $(HW) $(SMOKE_ARGS)
 
 test: host ## Run the test suite (unit + integration with a real Docker engine), in two lanes
-	$(PY) -m pytest $(PYTEST_ARGS) $(if $(filter-out 0,$(LANES)),-n $(LANES) --dist loadgroup)
+	$(PY) -m pytest $(PYTEST_ARGS) $(if $(filter-out 0,$(LANES)),-n $(LANES))
 
 # The unit tests that are quick: no Docker, no accelerator, none marked slow (pytest.ini). The
 # real-wheel checks download their wheels once per machine, then take seconds.

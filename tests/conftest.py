@@ -7,6 +7,21 @@ from gemma4_images.spec import matrix
 from testkit import tiny_gemma4
 
 
+def pytest_xdist_make_scheduler(config, log):
+    """`make test`'s two lanes (tests/lanes.py): each lane one unit of work, so xdist's scope
+    scheduler gives the two (the largest units) to the two workers first; everything else is a
+    unit of one test."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    from tests import lanes
+
+    class Lanes(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return lanes.lane(nodeid) or nodeid
+
+    return Lanes(config, log)
+
+
 def pytest_configure(config):
     for name in matrix.load().targets:
         config.addinivalue_line("markers", f"{name}: the {name} device tier")

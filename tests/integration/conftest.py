@@ -19,53 +19,6 @@ from testkit import tiny_model, trained
 # leftover checks count this session's containers only, whatever runs beside it on the engine.
 SESSION = os.environ.setdefault(owned.SESSION_ENV, f"tests-{os.getpid()}")
 
-# `make test` runs two lanes at once (pytest-xdist, --dist loadgroup): "serve" holds the modules
-# that only run the images every lane shares (built first, by shared_images), "engine" every other
-# integration module, the builds among them; unit tests fill both. Only the engine lane builds, so
-# a build's intermediate containers and <none> images are its own (no_build_leftovers).
-SERVE_LANE = {
-    "test_smoke_cpu.py",
-    "test_trained_serving.py",
-    "test_runtime_cpu.py",
-    "test_stop_signals.py",
-    "test_bench_cpu.py",
-    "test_cpu_image.py",
-    "test_fix_gemma4_buffered_tool_args.py",
-    "test_fix_gemma4_required_tool_grammar.py",
-    "test_fix_logprobs_decode_guard.py",
-}
-# Modules that need no engine run in whichever lane is free.
-NO_ENGINE = {"test_apply_all_real_vllm.py", "test_fix_pack_applies.py"}
-HERE = Path(__file__).parent
-
-
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        path = Path(str(item.fspath))
-        if path.parent == HERE and path.name not in NO_ENGINE:
-            item.add_marker(pytest.mark.xdist_group("serve" if path.name in SERVE_LANE else "engine"))
-
-
-STANDIN_DOCKERFILE = """\
-ARG ROOTFS_IMAGE
-FROM ${ROOTFS_IMAGE}
-# STAND-IN, not a vLLM image: vLLM {version}'s distribution metadata and a `vllm` stub that only
-# reports that version, in a venv (with pip, as vendor bases have). It lets the real Dockerfiles
-# run up to the fixes pack's version guard where vendor bases cannot be pulled.
-ENV PATH=/opt/venv/bin:$PATH
-RUN python3 -m venv /opt/venv \\
-    && site="$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \\
-    && mkdir -p "$site/vllm-{version}.dist-info" \\
-    && printf 'Metadata-Version: 2.1\\nName: vllm\\nVersion: {version}\\n' \\
-       > "$site/vllm-{version}.dist-info/METADATA" \\
-    && printf '#!/bin/sh\\necho {version}\\n' > /usr/local/bin/vllm && chmod +x /usr/local/bin/vllm
-LABEL io.gemma4-images.stand-in="vllm {version} metadata only"
-"""
-
-
-def log(line):
-    print(line)
-
 
 @pytest.fixture(scope="session")
 def client():
@@ -231,7 +184,7 @@ def no_new_containers(client):
 def no_build_leftovers(client):
     """Fails the test if a build it made (one that fails on purpose) leaves an intermediate
     container or a `<none>` image behind. A classic build's intermediate containers carry our
-    images' io.gemma4-images.* labels and no owner label; only the engine lane builds (LANES), so
+    images' io.gemma4-images.* labels and no owner label; only the engine lane builds (tests/lanes.py), so
     those are this test's. The serve lane's containers all carry an owner label."""
 
     def intermediate():

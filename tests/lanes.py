@@ -1,0 +1,39 @@
+"""The two lanes `make test` runs at once (pytest-xdist, two workers), decided by test module.
+
+"serve" holds the integration modules that only run the images every lane shares (the CPU image
+and its unfixed twin, the tiny models, built first by conftest's shared_images); "engine" holds every
+other integration module, every build among them, so a build's intermediate containers and <none>
+images are that lane's own (no_build_leftovers). Unit tests and the integration modules that need
+no engine are each their own unit of work, run by whichever worker is free.
+
+The scheduler is xdist's LoadScopeScheduling with these scopes (tests/conftest.py). Not the
+xdist_group mark: with pytest 9.2 and xdist 3.8, a marked test's nodeid does not keep the group
+suffix xdist writes, and the marked tests spread over both workers (seen here, a two-file
+sample included)."""
+
+from __future__ import annotations
+
+SERVE = {
+    "test_smoke_cpu.py",
+    "test_trained_serving.py",
+    "test_runtime_cpu.py",
+    "test_stop_signals.py",
+    "test_bench_cpu.py",
+    "test_cpu_image.py",
+    "test_fix_gemma4_buffered_tool_args.py",
+    "test_fix_gemma4_required_tool_grammar.py",
+    "test_fix_logprobs_decode_guard.py",
+}
+NO_ENGINE = {"test_apply_all_real_vllm.py", "test_fix_pack_applies.py"}
+INTEGRATION = "tests/integration/"
+
+
+def lane(nodeid: str) -> str | None:
+    """The lane of a test (its nodeid, relative to the rootdir), or None: run wherever."""
+    path = nodeid.split("::", 1)[0]
+    if not path.startswith(INTEGRATION) or "/" in path.removeprefix(INTEGRATION):
+        return None
+    name = path.removeprefix(INTEGRATION)
+    if name in NO_ENGINE:
+        return None
+    return "serve" if name in SERVE else "engine"
