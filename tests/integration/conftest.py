@@ -15,9 +15,31 @@ from gemma4_images.build.docker_build import BuildSpec, build, connect
 from gemma4_images.spec import facts, matrix
 from testkit import tiny_model, trained
 
-# Every container this session and its children start carries this (owned.SESSION_LABEL), so the
-# leftover checks count this session's containers only, whatever runs beside it on the engine.
-SESSION = os.environ.setdefault(owned.SESSION_ENV, f"tests-{os.getpid()}")
+# Every container this session (this lane's process) and its children start carries this
+# (owned.SESSION_LABEL), so the leftover checks count this lane's containers only, whatever runs
+# beside it on the engine. Set, not defaulted: the two lanes must not inherit one value.
+SESSION = os.environ[owned.SESSION_ENV] = f"tests-{os.getpid()}"
+
+
+STANDIN_DOCKERFILE = """\
+ARG ROOTFS_IMAGE
+FROM ${ROOTFS_IMAGE}
+# STAND-IN, not a vLLM image: vLLM {version}'s distribution metadata and a `vllm` stub that only
+# reports that version, in a venv (with pip, as vendor bases have). It lets the real Dockerfiles
+# run up to the fixes pack's version guard where vendor bases cannot be pulled.
+ENV PATH=/opt/venv/bin:$PATH
+RUN python3 -m venv /opt/venv \\
+    && site="$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \\
+    && mkdir -p "$site/vllm-{version}.dist-info" \\
+    && printf 'Metadata-Version: 2.1\\nName: vllm\\nVersion: {version}\\n' \\
+       > "$site/vllm-{version}.dist-info/METADATA" \\
+    && printf '#!/bin/sh\\necho {version}\\n' > /usr/local/bin/vllm && chmod +x /usr/local/bin/vllm
+LABEL io.gemma4-images.stand-in="vllm {version} metadata only"
+"""
+
+
+def log(line):
+    print(line)
 
 
 @pytest.fixture(scope="session")
