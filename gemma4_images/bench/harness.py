@@ -14,8 +14,6 @@ from gemma4_images.spec import matrix
 from gemma4_images.spec.matrix import ROOT
 from testkit import tiny_model, trained
 
-# -- the serving harness in the CPU image --------------------------------------------------------
-
 
 def docker_bench_cmd(image: str, model: Path, mount_harness: bool, argv: list[str]) -> list[str]:
     cmd = [

@@ -9,10 +9,8 @@ from gemma4_images.spec import matrix
 from gemma4_images.spec.image_code import gemma4_bench as harness
 from testkit import trained
 
-# -- load, client faults and a stop during traffic ------------------------------------------------
 
-
-def load_bench(client, log, m: matrix.Matrix, image: str | None = None, rounds: int = 3) -> dict:
+def load_bench(log, m: matrix.Matrix, image: str | None = None, rounds: int = 3) -> dict:
     """The recipe's 64 concurrent streams plus 16 plain requests against one server, `rounds` times,
     against a single request measured in the same run; then hang-ups and a stop during traffic."""
     from gemma4_images.check import running, server, traffic

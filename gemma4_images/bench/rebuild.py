@@ -37,8 +37,6 @@ from gemma4_images.spec import matrix
 from gemma4_images.spec.matrix import ROOT
 from testkit import tiny_model
 
-# -- the build benchmark -------------------------------------------------------------------------
-
 
 def copy_context(dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)

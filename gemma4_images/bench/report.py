@@ -11,8 +11,6 @@ from gemma4_images.bench.startup import startup_section
 from gemma4_images.bench.tests_time import section as tests_section
 from gemma4_images.spec.image_code import gemma4_bench as harness
 
-# -- BENCHMARKS.md -------------------------------------------------------------------------------
-
 
 def recipe_offline_table(ours: dict | None) -> str:
     rows = [

@@ -11,8 +11,6 @@ from gemma4_images.spec import matrix, upstream
 from gemma4_images.spec.image_code import gemma4_bench as harness
 from testkit import trained
 
-# -- start-up: our image against bare `vllm serve` on the same base -------------------------------
-
 STARTUP_ROUNDS = 3
 STARTUP_MAX_RATIO = 1.03
 # Both sides offline: our entrypoint sets HF_HUB_OFFLINE itself for a local model path.

@@ -64,7 +64,7 @@ def main(
         timings[f"start-up benchmark ({STARTUP_ROUNDS} rounds x 2)"] = time.monotonic() - t
     if load:
         t = time.monotonic()
-        results["load"] = load_bench(client, log, m)
+        results["load"] = load_bench(log, m)
         timings["load, faults and stop benchmark"] = time.monotonic() - t
     if quickstart:
         from gemma4_images.bench import quickstart

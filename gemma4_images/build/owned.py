@@ -76,7 +76,8 @@ def session() -> str | None:
 
 def labels(pid: int | None = None) -> dict[str, str]:
     """For every container this process (or pid) creates (docker-py or testcontainers `labels=`)."""
-    return {LABEL: owner(pid), **({SESSION_LABEL: session()} if session() else {})}
+    shared = session()
+    return {LABEL: owner(pid), **({SESSION_LABEL: shared} if shared else {})}
 
 
 def cli_flags() -> list[str]:

@@ -11,7 +11,7 @@ from docker.errors import APIError, ImageNotFound
 from filelock import FileLock
 
 from gemma4_images.build import images, localbase, owned
-from gemma4_images.build.docker_build import BuildSpec, build, connect
+from gemma4_images.build.docker_build import BuildFailed, BuildSpec, build, connect
 from gemma4_images.spec import facts, matrix
 from testkit import tiny_model, trained
 
@@ -190,6 +190,24 @@ def untagged(client):
 
 def _session_containers(client) -> set[str]:
     return {c.id for c in client.containers.list(all=True, filters={"label": f"{owned.SESSION_LABEL}={SESSION}"})}
+
+
+@pytest.fixture
+def refused_build(client, m, untagged, no_build_leftovers):
+    """Factory: build target's image as tag (the tag removed first) expecting the build to fail;
+    returns the BuildFailed once no image carries the tag (and, through no_build_leftovers, once
+    the build left no container or `<none>` image). Ask for a base fixture before this one, so a
+    rebuilt base is not counted as the failed build's leftover."""
+
+    def build(target: str, tag: str, **kw) -> BuildFailed:
+        untagged(tag)
+        with pytest.raises(BuildFailed) as failed:
+            images.build_target(client, m, target, tag=tag, log=log, **kw)
+        with pytest.raises(ImageNotFound):
+            client.images.get(tag)
+        return failed.value
+
+    return build
 
 
 @pytest.fixture

@@ -5,10 +5,8 @@ stand-in for a base without it) and the check run there; a real build on a base 
 CUDA runtime fails and tags nothing."""
 
 import pytest
-from docker.errors import ImageNotFound
 
-from gemma4_images.build import images, owned
-from gemma4_images.build.docker_build import BuildFailed
+from gemma4_images.build import owned
 from gemma4_images.spec import matrix
 from testkit import tiny_model
 
@@ -106,30 +104,18 @@ def test_a_cuda_target_names_the_tag_that_carries_its_runtime(client, cpu_image)
     ]
 
 
-def test_h100_on_the_real_cuda_13_stand_in_stops_at_the_cuda_check_alone(
-    client, m, cuda_base, untagged, no_build_leftovers
-):
+def test_h100_on_the_real_cuda_13_stand_in_stops_at_the_cuda_check_alone(cuda_base, refused_build):
     # How h100/h200 are checked here, PyPI having no CUDA 12.9 torch: their image on the CUDA 13.0
     # stand-in (the same vLLM code as their base) runs every step before the self-check (audio
     # extras, fixes), and the self-check's only problem is the CUDA runtime: transformers, the
     # model class, media loaders, parsers and every launch pass on the real code. (Relabelling
     # torch.version.cuda instead is no stand-in: torchvision and torchaudio then refuse the torch.)
-    tag = untagged("gemma4-e2b-test/h100:wrong-cuda")
-    with pytest.raises(BuildFailed) as failed:
-        images.build_target(
-            client,
-            m,
-            "h100",
-            base_override=cuda_base,
-            tag=tag,
-            tokenizer_source=str(tiny_model.ensure()),
-            log=print,
-        )
-    assert "--self-check" in failed.value.step
-    said = [line.strip(" |") for line in failed.value.tail if "self-check:" in line]
+    failed = refused_build(
+        "h100", "gemma4-e2b-test/h100:wrong-cuda", base_override=cuda_base, tokenizer_source=str(tiny_model.ensure())
+    )
+    assert "--self-check" in failed.step
+    said = [line.strip(" |") for line in failed.tail if "self-check:" in line]
     assert said == [
         "gemma4-serve: self-check: h100: the base's torch is built for CUDA 13.0, h100 expects CUDA 12.9: build on "
         "vllm/vllm-openai:v0.30.0-cu129 (vllm/vllm-openai:v0.30.0 is the CUDA 13.0 build)"
-    ], failed.value.tail
-    with pytest.raises(ImageNotFound):
-        client.images.get(tag)
+    ], failed.tail

@@ -10,10 +10,8 @@ import json
 import shlex
 
 import pytest
-from docker.errors import ImageNotFound
 
 from gemma4_images.build import images, localbase, probe
-from gemma4_images.build.docker_build import BuildFailed
 from gemma4_images.spec import facts
 from gemma4_images.spec.facts import BUILD_FACTS
 from gemma4_images.spec.image_code import gemma4_serve as serve
@@ -215,39 +213,25 @@ def older_vllm_base(standin):
     return standin("0.29.0")
 
 
-def test_version_mismatch_fails_the_build_and_tags_nothing(client, m, older_vllm_base, untagged, no_build_leftovers):
-    base = older_vllm_base
-    tag = untagged("gemma4-e2b-test/mismatch:standin")
-    with pytest.raises(BuildFailed) as e:
-        images.build_target(client, m, "h100", base_override=base, tag=tag, log=print)
+def test_version_mismatch_fails_the_build_and_tags_nothing(older_vllm_base, refused_build):
+    failed = refused_build("h100", "gemma4-e2b-test/mismatch:standin", base_override=older_vllm_base)
     # The fixes pack's guard is the first step to look at the base's vLLM.
-    assert "apply_all.py" in e.value.step
-    assert any("expected 0.30.0" in line and "0.29.0" in line for line in e.value.tail), e.value.tail
-    with pytest.raises(ImageNotFound):
-        client.images.get(tag)
+    assert "apply_all.py" in failed.step
+    assert any("expected 0.30.0" in line and "0.29.0" in line for line in failed.tail), failed.tail
 
 
-def test_a_build_without_the_fixes_build_args_is_refused_not_built_unfixed(
-    client, m, cpu_base, untagged, no_build_leftovers
-):
+def test_a_build_without_the_fixes_build_args_is_refused_not_built_unfixed(cpu_base, refused_build):
     # What a plain `docker build --build-arg GEMMA4_TARGET=xeon6` gives the fixes step: no profile.
     # It used to skip the fixes without a word; now one line says what to pass.
-    tag = untagged("gemma4-e2b-test/xeon6:no-fix-args")
-    with pytest.raises(BuildFailed) as e:
-        images.build_target(
-            client,
-            m,
-            "xeon6",
-            base_override=cpu_base,
-            tokenizer_source=str(tiny_model.ensure()),
-            tag=tag,
-            extra_args={"GEMMA4_FIXES_PROFILE": "", "GEMMA4_FIXES_OPT_IN": ""},
-            log=print,
-        )
-    assert "apply_all.py" in e.value.step
-    assert any("GEMMA4_TARGET or GEMMA4_FIXES_PROFILE is not set" in line for line in e.value.tail), e.value.tail
-    with pytest.raises(ImageNotFound):
-        client.images.get(tag)
+    failed = refused_build(
+        "xeon6",
+        "gemma4-e2b-test/xeon6:no-fix-args",
+        base_override=cpu_base,
+        tokenizer_source=str(tiny_model.ensure()),
+        extra_args={"GEMMA4_FIXES_PROFILE": "", "GEMMA4_FIXES_OPT_IN": ""},
+    )
+    assert "apply_all.py" in failed.step
+    assert any("GEMMA4_TARGET or GEMMA4_FIXES_PROFILE is not set" in line for line in failed.tail), failed.tail
 
 
 def test_facts_are_reproducible(m, monkeypatch):

@@ -86,3 +86,12 @@ def test_a_signal_the_process_was_started_ignoring_stays_ignored():
             os.kill(os.getpid(), signal.SIGHUP)  # nothing happens
     finally:
         signal.signal(signal.SIGHUP, previous)
+
+
+def test_a_session_stamps_every_container_and_the_docker_run_line(monkeypatch):
+    monkeypatch.delenv(owned.SESSION_ENV, raising=False)
+    assert set(owned.labels()) == {owned.LABEL}
+    monkeypatch.setenv(owned.SESSION_ENV, "ci-job-7")
+    assert owned.labels()[owned.SESSION_LABEL] == "ci-job-7"
+    flags = owned.cli_flags()
+    assert flags[0::2] == ["--label", "--label"] and f"{owned.SESSION_LABEL}=ci-job-7" in flags
