@@ -5,6 +5,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# packages: only the Debian packages (what the quick start's benchmark times on a fresh Debian
+# container, gemma4_images/bench/quickstart.py); build or test: those, the engine and the venv.
+want=${1:-test}
+case "$want" in build|test|packages) ;; *) echo "usage: setup-host.sh [build|test|packages]" >&2; exit 2 ;; esac
+
 need_apt=()
 command -v dockerd >/dev/null || need_apt+=(docker.io)
 command -v mmdebstrap >/dev/null || need_apt+=(mmdebstrap)
@@ -17,6 +22,7 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
+[ "$want" = packages ] && exit 0
 
 # The Debian package's own client speaks the daemon's API; any client works for `info`.
 if ! docker info >/dev/null 2>&1; then
@@ -32,8 +38,6 @@ fi
 # build`: a tenth of the size, no torch), or requirements/test.lock, which pins all of build.lock
 # too (scripts/lock.sh), for the tests (the default). torch's CPU build comes from the local wheel
 # folder pip's configuration names on these machines.
-want=${1:-test}
-case "$want" in build|test) ;; *) echo "usage: setup-host.sh [build|test]" >&2; exit 2 ;; esac
 have=$(cat .venv/.installed 2>/dev/null || true)   # the lock the venv was last synced from
 # A test venv stays one: syncing it down to build.lock would only be undone by the next `make test`.
 [ "$want" = build ] && [ "$have" = test ] && want=test
