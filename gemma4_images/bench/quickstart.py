@@ -4,9 +4,10 @@ for `make bench --quickstart` (BENCHMARKS.md).
 Cold without wiping this machine: a fresh clone of the committed tree, a second Docker daemon with
 its own empty data root (no images, no build cache), empty project, uv and pip caches. What stays is
 what a fresh machine of this kind has too: the local torch wheel folder pip's configuration names.
-The Debian packages a fresh machine lacks (`scripts/setup-host.sh packages`) are timed in a throwaway container of minbase Debian bookworm, where none of them is
-installed, and counted in the cold total. Warm is the same command again in the same clone, daemon
-and caches (three times: the median run)."""
+The Debian packages a fresh machine lacks (`scripts/setup-host.sh packages`) are timed in a
+throwaway container of minbase Debian bookworm, where none of them is installed, and counted in the
+cold total. Warm is the same command again in the same clone, daemon and caches (three times: the
+median run)."""
 
 from __future__ import annotations
 
