@@ -1,13 +1,13 @@
 # gemma4-images: `make` lists what it can do. Every target sets up what it needs first.
 HW ?= cpu
 PY := .venv/bin/python
-PYTEST_ARGS ?= -m "not device"
+PYTEST_ARGS ?= -m "not device and not platform"
 # Two lanes at once (pytest-xdist, tests/lanes.py): one builds, one serves the images both share; unit tests fill
 # both. LANES=0 runs everything in this process, one test at a time.
 LANES ?= 2
 
 .DEFAULT_GOAL := help
-.PHONY: help host host-build quickstart image images base render lint lock smoke check-fixes port-fixes test test-fast list bench
+.PHONY: help host host-build emulation quickstart image images base render lint lock smoke check-fixes port-fixes test test-fast test-arm64 list bench
 
 help: ## Show targets and variables
 	@echo "usage: make <target> [HW=<hardware>]"
@@ -70,6 +70,16 @@ test: host ## Run the test suite (unit + integration with a real Docker engine),
 # real-wheel checks download their wheels once per machine, then take seconds.
 test-fast: host ## The quick unit tests, for edit-test loops (no Docker; ~1 min)
 	$(PY) -m pytest -m "not integration and not device and not slow" tests/unit
+
+# The linux/arm64 tier: the arm64 CPU stand-in, the xeon6 image and its smoke, under qemu. Too slow
+# for every CI run: CI runs it when what it proves changed (tests/platform_tier.py); on a pass it
+# records that in tests/platform-tier.json, which is committed.
+test-arm64: host emulation ## The linux/arm64 tier under qemu: base, image, smoke with exact answers (~20 min)
+	$(PY) -m pytest -m platform tests/integration/test_arm64.py
+	$(PY) -m tests.platform_tier --record
+
+emulation: ## Make this x86_64 host run arm64 programs (trixie's qemu 10 through binfmt_misc; root)
+	@scripts/setup-emulation.sh
 
 bench: host ## Rebuild costs, image overhead and the serving harness on the CPU image; writes BENCHMARKS.md
 	$(PY) build.py bench $(BENCH_ARGS)

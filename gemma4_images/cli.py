@@ -16,7 +16,7 @@ import click
 import docker
 from docker.errors import APIError
 
-from gemma4_images.build import images, owned, pin, probe, tokenizer_copy, wheels
+from gemma4_images.build import emulation, images, owned, pin, probe, tokenizer_copy, wheels
 from gemma4_images.build import registry as registry_api
 from gemma4_images.build.docker_build import BaseUnavailable, BuildFailed, DockerUnavailable, connect, local_image
 from gemma4_images.build.localbase import LocalBaseError
@@ -25,7 +25,7 @@ from gemma4_images.check import image_contents, running
 from gemma4_images.generate import render
 from gemma4_images.publish import model_image, publish, reports, sbom, signing
 from gemma4_images.spec import matrix as matrix_mod
-from gemma4_images.spec import upstream
+from gemma4_images.spec import platforms, upstream
 from gemma4_images.spec.matrix import MatrixError
 from gemma4_images.spec.reference import BadReference, Reference, check_registry_spec
 
@@ -43,6 +43,15 @@ EXPECTED = (
     registry_api.RegistryError,
     image_contents.ImageError,
     model_image.ModelImageError,
+    emulation.EmulationUnavailable,
+)
+
+# Every command that builds or runs one platform's image takes it the same way.
+PLATFORM = click.option(
+    "--platform",
+    metavar="OS/ARCH",
+    help=f"The platform to build or run ({', '.join(platforms.KNOWN)}; default {platforms.DEFAULT}); "
+    "another architecture than this host's runs under qemu.",
 )
 
 
@@ -91,7 +100,8 @@ def every_target(m, names) -> list[str]:
 
 class Cli(click.Group):
     """The one error handler: an expected failure is one line and a non-zero exit, never a
-    traceback (MatrixError: 2, the rest: 1); a failed build shows its last lines first."""
+    traceback (MatrixError and PlatformError, both bad input: 2, the rest: 1); a failed build shows
+    its last lines first."""
 
     def invoke(self, ctx):
         try:
@@ -110,7 +120,7 @@ class Cli(click.Group):
         except BuildFailed as e:
             click.echo("\n".join(f"  | {line}" for line in e.tail), err=True)
             fail(f"{e}\nno image was tagged")
-        except MatrixError as e:
+        except (MatrixError, platforms.PlatformError) as e:
             fail(str(e), 2)
         except EXPECTED as e:
             fail(str(e))
@@ -172,18 +182,21 @@ def list_targets(as_json):
             "standin": t.base.standin,
             "vllm": m.project.vllm_version,
             "tag": m.tag(n),
+            # each platform's base and local tag (the default platform's are the two above)
+            "platforms": {p: {"base": m.base_on(n, p).ref, "tag": m.tag(n, p)} for p in m.platforms(n)},
         }
         for n, t in m.targets.items()
     ]
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    fmt = "{:<15} {:<7} {:<26} {:<44} {:<12} {:<7} {}"
-    click.echo(fmt.format("TARGET", "FAMILY", "HARDWARE", "BASE", "STAND-IN", "VLLM", "TAG"))
+    fmt = "{:<15} {:<7} {:<26} {:<44} {:<12} {:<7} {:<25} {}"
+    click.echo(fmt.format("TARGET", "FAMILY", "HARDWARE", "BASE", "STAND-IN", "VLLM", "TAG", "PLATFORMS"))
     for r in rows:
         name = r["target"] + (f" ({','.join(r['aliases'])})" if r["aliases"] else "")
         standin = r["standin"] or "-"
-        click.echo(fmt.format(name, r["family"], r["hardware"], r["base"], standin, r["vllm"], r["tag"]))
+        on = ",".join(r["platforms"])
+        click.echo(fmt.format(name, r["family"], r["hardware"], r["base"], standin, r["vllm"], r["tag"], on))
 
 
 @cli.command("render")
@@ -242,10 +255,25 @@ def stage_cmd(tokenizer_source):
     help="Skip writing reports/sbom-<target>.cdx.json and provenance-<target>.intoto.json "
     "(~5-10 s per changed image on 2 cores).",
 )
-def build(targets, base_image, tag, no_cache, dry_run, build_args, tokenizer_source, tiny, verbose, no_reports):
+@PLATFORM
+def build(
+    targets, base_image, tag, no_cache, dry_run, build_args, tokenizer_source, tiny, verbose, no_reports, platform
+):
     """Build TARGETS (names or aliases; `all` for every target)."""
     m = load()
     names = every_target(m, targets)
+    if platform:
+        p = platforms.parse(platform)
+        if list(targets) == ["all"]:
+            skipped = [n for n in names if p.name not in m.platforms(n)]
+            names = [n for n in names if n not in skipped]
+            if skipped:
+                log(f"not built for {p.name} (their bases are published without it): {', '.join(skipped)}")
+        for name in names:
+            m.platform(name, p.name)  # one line before anything is built, not after the first target
+        platform = None if p.name == platforms.DEFAULT else p.name
+        if platform and not dry_run:
+            emulation.require(p)  # before the engine is asked anything
     if tag and len(names) > 1:
         fail("--tag names one image; give one target", 2)
     extra = parse_build_args(build_args)
@@ -257,12 +285,12 @@ def build(targets, base_image, tag, no_cache, dry_run, build_args, tokenizer_sou
         tokenizer_source = str(tiny_model.ensure())
     if dry_run:
         for name in names:
-            click.echo(images.dry_run(m, name, base_image, tag, no_cache, tokenizer_source, extra))
+            click.echo(images.dry_run(m, name, base_image, tag, no_cache, tokenizer_source, extra, platform))
         return
     client = connect()
     for name in names:
-        image_tag = tag or (m.tiny_tag(name) if tiny else m.tag(name))
-        if not no_reports and not reports.current_for_tag(client, name, image_tag):
+        image_tag = tag or (m.tiny_tag(name, platform) if tiny else m.tag(name, platform))
+        if not no_reports and not reports.current_for_tag(client, reports.key(name, platform), image_tag):
             # Its reports will be written after the build (they are kept for an unchanged image):
             # the validator imports meanwhile, not on a build that changes nothing.
             sbom.import_validator_meanwhile()
@@ -277,9 +305,11 @@ def build(targets, base_image, tag, no_cache, dry_run, build_args, tokenizer_sou
             extra_args=extra,
             log=log,
             verbose=verbose,
+            platform=platform,
         )
         if not no_reports:
-            reports.for_build(client, m, name, built, log)  # what push attaches, never older than the image
+            # what push attaches, never older than the image
+            reports.for_build(client, m, name, built, log, platform)
         click.echo(built)
 
 
@@ -333,18 +363,24 @@ def pin_cmd(targets, check, path):
 @cli.command()
 @click.argument("target", type=TARGET)
 @click.option("--no-cache", is_flag=True)
-def base(target, no_cache):
+@PLATFORM
+def base(target, no_cache, platform):
     """Build TARGET's local stand-in base with no registry (Debian packages + a host wheelhouse)."""
-    click.echo(images.build_local_base(connect(), load(), target, log, nocache=no_cache))
+    m = load()
+    p = m.platform(target, platform)
+    platform = None if p.name == platforms.DEFAULT else p.name
+    click.echo(images.build_local_base(connect(), m, target, log, nocache=no_cache, platform=platform))
 
 
 @cli.command("tag")
 @click.argument("target", type=TARGET)
 @click.option("--tiny", is_flag=True, help="The tag of the image that bakes the tiny test model's tokenizer.")
-def tag_cmd(target, tiny):
+@PLATFORM
+def tag_cmd(target, tiny, platform):
     """Print TARGET's image tag (what `build` tags and `smoke`, `run` and `push` use)."""
     m = load()
-    click.echo(m.tiny_tag(target) if tiny else m.tag(target))
+    platform = m.platform(target, platform).name
+    click.echo(m.tiny_tag(target, platform) if tiny else m.tag(target, platform))
 
 
 @cli.command(context_settings={"ignore_unknown_options": True})
@@ -404,12 +440,17 @@ def run(target, image, print_only, env, vllm_args):
     help="Serve the tiny Gemma 4 trained on a script (testkit/, no hub needed) and check its answers exactly.",
 )
 @click.option("--report", type=click.Path(), help="JSON report path (default reports/smoke-<target>.json).")
-def smoke(target, image, model, tiny, report):
+@PLATFORM
+def smoke(target, image, model, tiny, report, platform):
     """Start TARGET's image, wait for it, run the recipe's checks; non-zero exit on any failure.
     Exit 3 when this machine lacks the target's accelerator (the tier is skipped, not passed)."""
     from gemma4_images.check import smoke as smoke_mod
 
     m, name = load(), target
+    p = m.platform(name, platform)
+    platform = None if p.name == platforms.DEFAULT else p.name
+    if platform:
+        emulation.require(p)
     client = connect()
     owned.reap(client, log)
     missing = running.device_missing(client, m.families[m.targets[name].family].present)
@@ -425,11 +466,12 @@ def smoke(target, image, model, tiny, report):
         from testkit import exchanges, trained
 
         model, script = str(trained.ensure()), exchanges.EXCHANGES
-    image = image or (m.tiny_tag(name) if tiny else m.tag(name))
+    image = image or (m.tiny_tag(name, platform) if tiny else m.tag(name, platform))
     if local_image(client, image) is None:
-        fail(f"no local image {image}; build it first (`python build.py build {name}{' --tiny' if tiny else ''}`)")
+        how = f"{name}{' --tiny' if tiny else ''}{f' --platform {platform}' if platform else ''}"
+        fail(f"no local image {image}; build it first (`python build.py build {how}`)")
     result = smoke_mod.run_smoke(client, m, name, image=image, model=model, script=script, log=log)
-    path = Path(report or f"reports/smoke-{name}.json")
+    path = Path(report or f"reports/smoke-{reports.key(name, platform)}.json")
     result.write(path)
     if result.answers:
         click.echo(

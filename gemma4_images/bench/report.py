@@ -49,6 +49,7 @@ def render_results(results: dict) -> str:
         results.get("quickstart"),
         results.get("standins"),
         results.get("tests"),
+        results.get("arm64"),
     )
 
 
@@ -170,6 +171,41 @@ def serving_section(serving: dict, timings: dict) -> list[str]:
     return out
 
 
+def arm64_section(record: dict) -> list[str]:
+    """The linux/arm64 tier's figures under qemu (tests/platform-tier.json, written by `make
+    test-arm64` when it passes), against the amd64 image serving the same exchanges in the same run."""
+    f = record["figures"]
+    rows = [
+        ("step", "arm64 under qemu", "amd64 natively", "ratio"),
+        ("stand-in base build (root filesystem and wheelhouse cached)", f"{f['base_s']:.0f} s", "-", "-"),
+        ("xeon6 tiny image build", f"{f['image_build_s']:.0f} s", "-", "-"),
+        (
+            "start-up to /health",
+            f"{f['seconds_to_healthy']:.0f} s",
+            f"{f['amd64_seconds_to_healthy']:.0f} s",
+            f"{f['seconds_to_healthy'] / f['amd64_seconds_to_healthy']:.1f}x",
+        ),
+        (
+            "served: start, the scripted text answers, stop",
+            f"{f['serve_s']:.0f} s",
+            f"{f['amd64_serve_s']:.0f} s",
+            f"{f['serve_s'] / f['amd64_serve_s']:.1f}x",
+        ),
+    ]
+    return [
+        "## linux/arm64 under qemu",
+        "",
+        f"`make test-arm64` (tests/integration/test_arm64.py) at commit {record['passed_at_commit']}: the arm64 CPU "
+        f"stand-in ({f['base_gb']:.2f} GB) and the xeon6 tiny image ({f['image_gb']:.2f} GB) built and served under "
+        "qemu 10 on this x86_64 machine, answering the tiny model's scripted text exchanges exactly (the full smoke "
+        "does not pass under emulation yet: docs/platforms.md); the amd64 column is the same exchanges served "
+        "natively in the same run. Emulation speed says nothing of an Arm server's.",
+        "",
+        harness._markdown(rows),
+        "",
+    ]
+
+
 def render(
     build: dict | None,
     serving: dict | None,
@@ -179,6 +215,7 @@ def render(
     quickstart: dict | None = None,
     standins: dict | None = None,
     tests: dict | None = None,
+    arm64: dict | None = None,
 ) -> str:
     """BENCHMARKS.md: each part that has figures, in the page's order."""
     out = [
@@ -194,6 +231,7 @@ def render(
         (quickstart, quickstart_section),
         (standins, standins_section),
         (tests, tests_section),
+        (arm64, arm64_section),
         (startup, startup_section),
         (load, load_section),
     ]

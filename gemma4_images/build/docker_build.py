@@ -57,13 +57,14 @@ def local_image(client, ref: str):
         return None
 
 
-def pull(client, ref: str) -> str | None:
-    """Pull ref; returns None on success, else the registry's reason in one line."""
+def pull(client, ref: str, platform: str | None = None) -> str | None:
+    """Pull ref (for platform; None: the engine's own); returns None on success, else the
+    registry's reason in one line."""
     image = Reference.split(ref)
     try:
         # A digest goes where the tag goes (docker-py and the engine then pull NAME@DIGEST; a tag
         # beside a digest only labels it).
-        client.images.pull(image.name, tag=image.tag_or_digest)
+        client.images.pull(image.name, tag=image.tag_or_digest, **({"platform": platform} if platform else {}))
         return None
     except (APIError, DockerException) as e:
         text = getattr(e, "explanation", None) or str(e)
@@ -85,10 +86,13 @@ class BuildSpec:
     buildargs: dict[str, str]
     context: Path
     nocache: bool = False
+    platform: str | None = None  # another architecture's build runs its RUN steps under qemu
 
     def argv(self, docker: str = "docker") -> list[str]:
         """The same build as a `docker build` command line (-f relative to the context)."""
         parts = [docker, "build", "--network", "host", "-f", self.dockerfile, "-t", self.tag]
+        if self.platform:
+            parts += ["--platform", self.platform]
         if self.nocache:
             parts.append("--no-cache")
         for k, v in self.buildargs.items():
@@ -114,6 +118,7 @@ def build(client, spec: BuildSpec, log: Callable[[str], None], verbose: bool = F
         nocache=spec.nocache,
         pull=False,
         decode=True,
+        platform=spec.platform,
     )
     step, image_id, last_layer, tail = None, None, None, deque(maxlen=LOG_TAIL)
     for chunk in stream:

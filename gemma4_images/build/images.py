@@ -5,9 +5,9 @@ from __future__ import annotations
 from contextlib import nullcontext
 from pathlib import Path
 
-from gemma4_images.build import localbase, probe, tokenizer_copy, wheels
+from gemma4_images.build import emulation, localbase, probe, tokenizer_copy, wheels
 from gemma4_images.build.docker_build import BaseUnavailable, BuildSpec, base_digest, build, connect, local_image, pull
-from gemma4_images.spec import upstream
+from gemma4_images.spec import platforms, upstream
 from gemma4_images.spec.facts import build_args
 from gemma4_images.spec.matrix import ROOT, Matrix, dockerfile_name
 
@@ -18,27 +18,29 @@ PYTHON_OF = (
 )
 
 
-def resolve_base(client, matrix: Matrix, name: str, override: str | None, log) -> str:
-    """The base to build on, present locally. Order: --base-image; the vendor base (local or
-    pulled); the target's local stand-in when the vendor base cannot be pulled."""
+def resolve_base(client, matrix: Matrix, name: str, override: str | None, log, platform: str | None = None) -> str:
+    """The base to build on for platform (None: the default), present locally. Order:
+    --base-image; the vendor base (local or pulled); the target's local stand-in when the vendor
+    base cannot be pulled."""
     target = matrix.targets[name]
-    wanted = override or target.base.ref
+    wanted = override or matrix.base_on(name, platform).ref
     if local_image(client, wanted) is not None:
         return wanted
     if target.stage1 and not override:
         log(f"{wanted} is not here: building Gaudi stage 1 ({dockerfile_name('gaudi-vllm')}) first")
         build(client, BuildSpec(dockerfile=dockerfile_name("gaudi-vllm"), tag=wanted, context=ROOT, buildargs={}), log)
         return wanted
-    reason = pull(client, wanted)
+    reason = pull(client, wanted, platform)
     if reason is None:
         return wanted
-    standin = None if override else matrix.standin(name)
+    standin = None if override else matrix.standin(name, platform)
     local = standin.tag if standin else None
     if local and local_image(client, local) is not None:
         log(f"cannot pull {wanted} ({reason}); using the local stand-in {local}")
         return local
+    on = f" --platform {platform}" if platform else ""
     hint = (
-        f"build the local stand-in with `python build.py base {name}` (air-gapped, no registry)"
+        f"build the local stand-in with `python build.py base {name}{on}` (air-gapped, no registry)"
         if local
         else "pass --base-image with an image that is present locally"
     )
@@ -73,13 +75,19 @@ def build_target(
     verbose=False,
     context=ROOT,
     on_spec=None,
+    platform=None,
 ) -> str:
-    """Build name's image from the build context (the repository, or a copy of its image inputs).
-    on_spec, if given, sees the BuildSpec before the build (bench reports which build args moved)."""
-    tag = tag or matrix.tag(name)
+    """Build name's image for platform (None: the default) from the build context (the repository,
+    or a copy of its image inputs). on_spec, if given, sees the BuildSpec before the build (bench
+    reports which build args moved)."""
+    p = matrix.platform(name, platform)  # refused here, before anything is staged or pulled
+    platform = None if p.name == platforms.DEFAULT else p.name
+    if platform:
+        emulation.require(p)
+    tag = tag or matrix.tag(name, platform)
     upstream.stage(matrix, context / ".build" / "upstream")
     _, bos_copy_of = tokenizer_copy.stage(matrix, name, tokenizer_source, context / ".build" / "tokenizer")
-    base = resolve_base(client, matrix, name, base_override, log)
+    base = resolve_base(client, matrix, name, base_override, log, platform)
     image = local_image(client, base)
     house = audio_wheels(client, matrix, name, base, log, (extra_args or {}).get("GEMMA4_AUDIO_EXTRAS"))
     with wheels.serve_directory(house) if house else nullcontext("") as wheels_url:
@@ -90,6 +98,7 @@ def build_target(
             buildargs=buildargs,
             context=context,
             nocache=nocache,
+            platform=platform,
         )
         if on_spec:
             on_spec(spec)
@@ -99,31 +108,43 @@ def build_target(
 
 
 def dry_run(
-    matrix: Matrix, name: str, base_override=None, tag=None, nocache=False, tokenizer_source=None, extra_args=None
+    matrix: Matrix,
+    name: str,
+    base_override=None,
+    tag=None,
+    nocache=False,
+    tokenizer_source=None,
+    extra_args=None,
+    platform=None,
 ) -> str:
     """The build as a command, without touching the engine (base digest shown as a placeholder)."""
     target = matrix.targets[name]
-    base = base_override or target.base.ref
+    on = matrix.base_on(name, platform)
+    base = base_override or on.ref
     bos = (tokenizer_source or matrix.project.model) if target.bos_tokenizer else ""
-    buildargs = build_args(
-        matrix, name, base, target.base.digest or "<resolved at build>", "<served at build>", bos, extra_args
-    )
+    buildargs = build_args(matrix, name, base, on.digest or "<resolved at build>", "<served at build>", bos, extra_args)
     return BuildSpec(
         dockerfile=dockerfile_name(target.family),
-        tag=tag or matrix.tag(name),
+        tag=tag or matrix.tag(name, platform),
         buildargs=buildargs,
         context=ROOT,
         nocache=nocache,
+        platform=platform,
     ).command_line()
 
 
-def build_local_base(client, matrix: Matrix, name: str, log, nocache=False) -> str:
-    target = matrix.targets[name]
-    if not target.base.standin:
-        others = ", ".join(f"{n} ({matrix.targets[n].base.standin})" for n in matrix.targets if matrix.standin(n))
-        why = target.base.no_standin or "targets.yaml names none for it"
+def build_local_base(client, matrix: Matrix, name: str, log, nocache=False, platform=None) -> str:
+    base = matrix.base_on(name, platform)
+    if not base.standin:
+        on = f" for {platform}" if platform else ""
+        others = ", ".join(
+            f"{n} ({matrix.base_on(n, platform).standin})"
+            for n in matrix.targets
+            if (platform or platforms.DEFAULT) in matrix.platforms(n) and matrix.standin(n, platform)
+        )
+        why = base.no_standin or "targets.yaml names none for it"
         raise BaseUnavailable(
-            f"{name} has no local stand-in base: {why}. Stand-ins, by target: {others}; "
+            f"{name} has no local stand-in base{on}: {why}. Stand-ins{on}, by target: {others}; "
             "build one and pass it with --base-image"
         )
 
@@ -140,4 +161,4 @@ def build_local_base(client, matrix: Matrix, name: str, log, nocache=False) -> s
             except Exception as e:  # noqa: BLE001 - a download ahead of time, never the base's failure
                 log(f"note: fetching {what} ahead of the image build failed ({e}); the build fetches them again")
 
-    return localbase.standin_base(client, matrix, target.base.standin, log, nocache=nocache, prefetch=prefetch)
+    return localbase.standin_base(client, matrix, base.standin, log, nocache=nocache, prefetch=prefetch)

@@ -15,8 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 from pathlib import Path
 
+from gemma4_images.build import emulation
 from gemma4_images.build.docker_build import BuildSpec, build_with_buildkit, buildkit_cli, local_image
-from gemma4_images.build.wheels import lock_entries, locked_wheelhouse, serve_directory
+from gemma4_images.build.wheels import lock_entries, locked_wheelhouse, manylinux_platforms, serve_directory
+from gemma4_images.spec import platforms
 from gemma4_images.spec.matrix import ROOT
 
 ROOTFS_TAG = "gemma4-e2b-base/debian-python:bookworm"
@@ -45,6 +47,17 @@ def _inputs_hash(*parts: str) -> str:
 
 
 ROOTFS_INPUTS = _inputs_hash("bookworm", "minbase", *ROOTFS_PACKAGES)
+GLIBC = "2.36"  # bookworm's: what the stand-ins' locks and wheelhouses are resolved for
+
+
+def rootfs_tag(platform: str = platforms.DEFAULT) -> str:
+    return ROOTFS_TAG + platforms.parse(platform).tag_suffix
+
+
+def rootfs_inputs(platform: str = platforms.DEFAULT) -> str:
+    # The default platform's hash is the one it always had: its root filesystem is not made again.
+    p = platforms.parse(platform)
+    return ROOTFS_INPUTS if p.name == platforms.DEFAULT else _inputs_hash(ROOTFS_INPUTS, p.debian)
 
 
 def _current(client, tag: str, inputs: str):
@@ -52,34 +65,73 @@ def _current(client, tag: str, inputs: str):
     return image if image is not None and image.labels.get(INPUTS_LABEL) == inputs else None
 
 
-def rootfs(client, log) -> str:
-    """Debian bookworm with Python 3.11 (the Python the CPU torch wheel is built for), imported
-    from an mmdebstrap tarball; reused while the package list is unchanged."""
-    if _current(client, ROOTFS_TAG, ROOTFS_INPUTS):
-        return ROOTFS_TAG
+def rootfs(client, log, platform: str = platforms.DEFAULT) -> str:
+    """Debian bookworm with Python 3.11 (the Python the CPU torch wheel is built for) for
+    platform, imported from an mmdebstrap tarball; reused while the package list is unchanged.
+    Another architecture's is made under qemu (build/emulation.py says what the host needs)."""
+    p = platforms.parse(platform)
+    tag, inputs = rootfs_tag(p.name), rootfs_inputs(p.name)
+    if _current(client, tag, inputs):
+        return tag
     if shutil.which("mmdebstrap") is None:
         raise LocalBaseError(
             "mmdebstrap is not installed: `apt-get install mmdebstrap` (it builds the "
             "local Debian base without any registry)"
         )
-    log(f"making {ROOTFS_TAG} with mmdebstrap ({', '.join(ROOTFS_PACKAGES)})")
+    emulation.require(p)
+    log(f"making {tag} with mmdebstrap ({p.debian}: {', '.join(ROOTFS_PACKAGES)})")
     with tempfile.TemporaryDirectory() as tmp:
         tar = Path(tmp) / "rootfs.tar"
         run = subprocess.run(
-            ["mmdebstrap", "--variant=minbase", "--include=" + ",".join(ROOTFS_PACKAGES), "bookworm", str(tar)],
+            [
+                "mmdebstrap", "--variant=minbase", f"--arch={p.debian}", "--include=" + ",".join(ROOTFS_PACKAGES),
+                "bookworm", str(tar),
+            ],
             capture_output=True,
             text=True,
-        )
+        )  # fmt: skip
         if run.returncode != 0:
             raise LocalBaseError("mmdebstrap failed:\n" + "\n".join(run.stderr.splitlines()[-15:]))
-        with open(tar, "rb") as f:
-            client.api.import_image_from_data(
-                f.read(),
-                repository=ROOTFS_TAG.split(":")[0],
-                tag=ROOTFS_TAG.split(":")[1],
-                changes=[f"LABEL {INPUTS_LABEL}={ROOTFS_INPUTS}", 'CMD ["python3"]'],
-            )
-    return ROOTFS_TAG
+        _import_rootfs(client, tar, tag, p, labels={INPUTS_LABEL: inputs}, cmd=["python3"])
+    return tag
+
+
+def _import_rootfs(client, tar: Path, tag: str, p: platforms.Platform, labels: dict, cmd: list[str]) -> None:
+    """tar (a root filesystem) as the one-layer image tag for platform p. `docker import` records
+    the engine's own architecture whatever the rootfs holds (Docker 20.10 takes only the OS from
+    its platform), and builds and runs go by that record; `docker load` keeps the config it is
+    given, so the image is handed over as a docker-archive (the `docker save` layout) naming p."""
+    digest = hashlib.sha256()
+    with open(tar, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    diff_id = f"sha256:{digest.hexdigest()}"
+    config = json.dumps(
+        {
+            "architecture": p.architecture,
+            "os": p.os,
+            **({"variant": "v8"} if p.architecture == "arm64" else {}),  # the only 64-bit Arm variant
+            "config": {"Cmd": cmd, "Labels": labels},
+            "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+            "history": [{"created_by": f"mmdebstrap --arch={p.debian} (gemma4_images/build/localbase.py)"}],
+        },
+        sort_keys=True,
+    ).encode()
+    config_name = f"{hashlib.sha256(config).hexdigest()}.json"
+    manifest = json.dumps([{"Config": config_name, "RepoTags": [tag], "Layers": ["rootfs/layer.tar"]}]).encode()
+    import io
+    import tarfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = Path(tmp) / "image.tar"
+        with tarfile.open(archive, "w") as out:
+            for name, data in ((config_name, config), ("manifest.json", manifest)):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                out.addfile(info, io.BytesIO(data))
+            out.add(tar, arcname="rootfs/layer.tar")
+        with open(archive, "rb") as f:
+            client.images.load(f)
 
 
 def base_requirements(matrix, key: str = CPU_STANDIN) -> list[str]:
@@ -99,7 +151,7 @@ def checked_lock(matrix, key: str = CPU_STANDIN) -> str:
     lock = matrix.standins[key].lock_path
     text = lock.read_text()
     pinned = {entry.split()[0] for entry in lock_entries(text)}
-    missing = [r for r in base_requirements(matrix, key) if r not in pinned]
+    missing = [r for r in [*base_requirements(matrix, key), *matrix.standins[key].overrides] if r not in pinned]
     if missing:
         raise LocalBaseError(
             f"{lock.relative_to(ROOT)} does not pin {', '.join(missing)} (targets.yaml or the tool "
@@ -165,6 +217,13 @@ def cpu_base(client, matrix, log, **kwargs) -> str:
     return standin_base(client, matrix, CPU_STANDIN, log, **kwargs)
 
 
+def recipe(standin) -> str:
+    """What a stand-in is built from besides its lock: its Dockerfile, then the files beside it
+    that it COPYs, in name order (a stand-in with only a Dockerfile hashes as it always did)."""
+    beside = sorted(f for f in standin.dockerfile_path.parent.iterdir() if f != standin.dockerfile_path)
+    return "\n".join([standin.dockerfile_path.read_text(), *(f.read_text() for f in beside)])
+
+
 def standin_base(client, matrix, key: str, log, tag: str | None = None, nocache: bool = False, prefetch=None) -> str:
     """The stand-in `key` of targets.yaml's standins (at its tag, or tag), rebuilt only when its
     inputs change. The wheelhouse downloads while mmdebstrap makes the root filesystem;
@@ -173,7 +232,7 @@ def standin_base(client, matrix, key: str, log, tag: str | None = None, nocache:
     standin = matrix.standins[key]
     tag = tag or standin.tag
     lock = checked_lock(matrix, key)
-    dockerfile = standin.dockerfile_path.read_text()
+    dockerfile = recipe(standin)
     with tempfile.TemporaryDirectory() as tmp:
         interpreter = None
         if standin.interpreter:
@@ -188,14 +247,18 @@ def standin_base(client, matrix, key: str, log, tag: str | None = None, nocache:
 
         # Up to date only on a current root filesystem: a stale one is rebuilt below (a new id), and
         # the base with it.
-        current_rootfs = _current(client, ROOTFS_TAG, ROOTFS_INPUTS)
-        if not nocache and current_rootfs and _current(client, tag, inputs_for(ROOTFS_TAG)):
+        platform = platforms.parse(standin.platform)
+        current_rootfs = _current(client, rootfs_tag(platform.name), rootfs_inputs(platform.name))
+        if not nocache and current_rootfs and _current(client, tag, inputs_for(rootfs_tag(platform.name))):
             log(f"{tag} is up to date")
             return tag
         buildkit_cli()  # the base builds with BuildKit: refused now, not after the root filesystem and downloads
+        emulation.require(platform)  # likewise: another architecture's RUN steps need qemu
+        # The host's own platform: pip's default tags; another one's: its manylinux tags.
+        tags = None if platform.name == platforms.DEFAULT else manylinux_platforms(platform.machine, GLIBC)
         with ThreadPoolExecutor(2) as pool:
-            house = pool.submit(locked_wheelhouse, standin.lock_path, standin.python)
-            base = rootfs(client, log)
+            house = pool.submit(locked_wheelhouse, standin.lock_path, standin.python, platforms=tags)
+            base = rootfs(client, log, platform.name)
             inputs = inputs_for(base)
             if prefetch and not standin.interpreter:
                 pool.submit(prefetch, base)
@@ -208,6 +271,8 @@ def _build_base(client, matrix, standin, log, tag, nocache, base, inputs, wheels
     """interpreter: (the tar interpreter_tar wrote, its sha256) for a stand-in that brings its own."""
     log(f"building {tag} (a stand-in for {standin.stands_for}) from {base} and the wheelhouse in {wheels}")
     with serve_directory(wheels) as url, tempfile.TemporaryDirectory() as ctx:
+        # The Dockerfile and the files beside it (what it COPYs), then the lock.
+        shutil.copytree(standin.dockerfile_path.parent, ctx, dirs_exist_ok=True)
         shutil.copy(standin.dockerfile_path, Path(ctx) / "Dockerfile")
         shutil.copy(standin.lock_path, Path(ctx) / standin.lock_path.name)
         if interpreter is not None:
@@ -227,6 +292,7 @@ def _build_base(client, matrix, standin, log, tag, nocache, base, inputs, wheels
                 tag=tag,
                 context=Path(ctx),
                 nocache=nocache,
+                platform=standin.platform,
                 buildargs={
                     "ROOTFS_IMAGE": base,
                     "WHEELHOUSE_URL": url,

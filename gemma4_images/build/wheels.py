@@ -52,13 +52,14 @@ def lock_entries(text: str) -> list[str]:
     return entries
 
 
-def locked_wheelhouse(lock: Path, python: str = "3.11", parallel: int = 4) -> Path:
+def locked_wheelhouse(lock: Path, python: str = "3.11", parallel: int = 4, platforms: list[str] | None = None) -> Path:
     """Exactly the wheels lock pins, their hashes checked, downloaded once per machine into
-    wheelhouse-<lock name>-<its hash>. The lock holds every dependency, so pip resolves nothing and
-    `parallel` downloads share the pins (measured here for the CPU base's 887 MB: 68 s in one
-    `pip download` that resolves, 32 s in four `--no-deps` ones)."""
+    wheelhouse-<lock name>-<its hash>, for `platforms` (pip's tags; default: this host's). The lock
+    holds every dependency, so pip resolves nothing and `parallel` downloads share the pins
+    (measured here for the CPU base's 887 MB: 68 s in one `pip download` that resolves, 32 s in four
+    `--no-deps` ones)."""
     text = lock.read_text()
-    key = hashlib.sha256((text + python).encode()).hexdigest()[:16]
+    key = hashlib.sha256("".join([text, python, *(platforms or [])]).encode()).hexdigest()[:16]
     dest = cache_dir() / f"wheelhouse-{lock.stem}-{key}"
     done = dest / ".complete"
     if not done.exists():
@@ -68,7 +69,8 @@ def locked_wheelhouse(lock: Path, python: str = "3.11", parallel: int = 4) -> Pa
             parts = [Path(tmp) / f"part-{n}.txt" for n in range(parallel)]
             for n, part in enumerate(parts):
                 part.write_text("\n".join(entries[n::parallel]) + "\n")
-            args = ("--python-version", python, "--no-deps", "--require-hashes")
+            tags = [a for p in platforms or [] for a in ("--platform", p)]
+            args = ("--python-version", python, *tags, "--no-deps", "--require-hashes")
             try:
                 jobs = [pool.submit(_pip_download, ["-r", str(part)], dest, *args, nice=True) for part in parts]
                 for job in jobs:

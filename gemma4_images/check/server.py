@@ -25,7 +25,7 @@ os.environ.setdefault("TC_HOST", "127.0.0.1")
 
 from testcontainers.core.container import DockerContainer  # noqa: E402
 
-from gemma4_images.build import owned
+from gemma4_images.build import emulation, owned
 from gemma4_images.check import running
 from gemma4_images.spec import upstream
 from gemma4_images.spec.matrix import Matrix, model_path
@@ -91,7 +91,7 @@ def container_for(
     image_id: the image's id when the caller has it already (else looked up for the cache)."""
     t = matrix.targets[target]
     kw = running.sdk_kwargs(t.run)
-    env = {**kw.pop("environment"), **t.smoke.env}
+    env = {**kw.pop("environment"), **t.smoke.env, **emulation.serve_env(_architecture(image))}
     args = [*t.smoke.args, "--host", "127.0.0.1", "--port", str(port), *extra_args]
     if t.smoke.shm_size:
         kw["shm_size"] = t.smoke.shm_size
@@ -124,6 +124,12 @@ def _image_id(image: str) -> str:
     import docker
 
     return docker.from_env().images.get(image).id
+
+
+def _architecture(image: str) -> str:
+    import docker
+
+    return docker.from_env().images.get(image).attrs.get("Architecture", "")
 
 
 def compile_cache_dir(target: str, image_id: str, user: str | None) -> Path | None:

@@ -9,6 +9,7 @@ import textwrap
 
 import yaml
 
+from gemma4_images.spec import platforms
 from gemma4_images.spec.matrix import Matrix, model_path
 from gemma4_images.spec.reference import Reference
 
@@ -175,6 +176,11 @@ def _pod(matrix: Matrix, name: str, container: dict, pvc: str | None, model: dic
     pod_sc = _security(matrix, name)[0]
     # With a model image nothing is downloaded: HF_HOME stays writable on an emptyDir.
     cache = {"persistentVolumeClaim": {"claimName": pvc}} if pvc and not model else {"emptyDir": {}}
+    # An image published for one platform only lands on nodes of that architecture (the well-known
+    # kubernetes.io/arch node label); a multi-platform one runs wherever its index has an entry.
+    only = matrix.platforms(name)
+    arch = {"kubernetes.io/arch": platforms.parse(only[0]).architecture} if len(only) == 1 else {}
+    selector = {**arch, **t.kubernetes.node_selector}
     return {
         # SIGTERM ends the requests in flight with a 503 (shutdown-ends-requests) and vLLM exits;
         # this is how long that may take before the kubelet kills it.
@@ -183,7 +189,7 @@ def _pod(matrix: Matrix, name: str, container: dict, pvc: str | None, model: dic
         # set VLLM_PORT, which vLLM reads as its own setting and fails on.
         "enableServiceLinks": False,
         **({"securityContext": pod_sc} if pod_sc else {}),
-        **({"nodeSelector": dict(t.kubernetes.node_selector)} if t.kubernetes.node_selector else {}),
+        **({"nodeSelector": selector} if selector else {}),
         "containers": [container],
         "volumes": [
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size(matrix, name)}},

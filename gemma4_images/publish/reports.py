@@ -13,6 +13,7 @@ from pathlib import Path
 
 from gemma4_images.build.docker_build import local_image
 from gemma4_images.check import image_contents
+from gemma4_images.spec import platforms
 from gemma4_images.spec.matrix import ROOT
 from gemma4_images.spec.upstream import file_sha256
 
@@ -23,6 +24,12 @@ def write_document(path: Path, text: str) -> None:
     partial = path.with_name(f".{path.name}.partial")
     partial.write_text(text)
     partial.replace(path)
+
+
+def key(name: str, platform: str | None = None) -> str:
+    """What a target's reports are filed under for platform: the target, and another platform's
+    tag suffix (reports/sbom-xeon6-arm64.cdx.json)."""
+    return name + platforms.parse(platform).tag_suffix
 
 
 def sbom_path(name: str) -> Path:
@@ -106,17 +113,19 @@ def current_for_tag(client, name: str, tag: str) -> bool:
     return image is not None and current(name, image, tag)
 
 
-def for_build(client, m, name: str, built: str, log) -> None:
-    """Write (or keep, when current) TARGET name's SBOM and provenance for the image built."""
+def for_build(client, m, name: str, built: str, log, platform: str | None = None) -> None:
+    """Write (or keep, when current) TARGET name's SBOM and provenance for the image built for
+    platform (None: the default), filed under key(name, platform)."""
     image = client.images.get(built)
-    if current(name, image, built):
-        log(f"{sbom_path(name)} and {provenance_path(name)} already describe {built} ({image.id[:19]}): kept")
+    filed = key(name, platform)
+    if current(filed, image, built):
+        log(f"{sbom_path(filed)} and {provenance_path(filed)} already describe {built} ({image.id[:19]}): kept")
         return
-    _stamp_path(name).unlink(missing_ok=True)
+    _stamp_path(filed).unlink(missing_ok=True)
     contents = image_contents.read(client, m, name, built)
     try:
-        log(write_sbom(contents, name))
+        log(write_sbom(contents, filed))
     except image_contents.ImageError as e:
         raise image_contents.ImageError(f"{e}; {built} was built, but its SBOM was not written") from e
-    log(write_provenance(contents, m, name))
-    write_document(_stamp_path(name), json.dumps(_stamp(name, image, built), indent=1) + "\n")
+    log(write_provenance(contents, m, filed))
+    write_document(_stamp_path(filed), json.dumps(_stamp(filed, image, built), indent=1) + "\n")

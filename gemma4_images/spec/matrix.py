@@ -10,6 +10,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
+from gemma4_images.spec import platforms
+
 ROOT = Path(__file__).resolve().parents[2]  # gemma4_images/spec/matrix.py -> the checkout
 TARGETS_FILE = ROOT / "targets.yaml"
 PROFILES = ROOT / "patches" / "profiles"
@@ -104,6 +106,10 @@ class Standin(Strict):
     stands_for: str
     proves: str
     python: str = "3.11"  # the Python the lock is resolved for: the root filesystem's, or interpreter's
+    platform: str = platforms.DEFAULT  # what its root filesystem, wheels and image are built for
+    # Pins that replace a dependency's own (uv pip compile --override), each with its reason in
+    # targets.yaml: what the stand-in's vLLM wants is not on PyPI for this platform.
+    overrides: list[str] = []
     # A host directory holding a CPython install of version `python`, copied into the stand-in when
     # Debian's root filesystem carries another Python (localbase.interpreter_tar says what is kept).
     interpreter: str | None = None
@@ -117,7 +123,9 @@ class Standin(Strict):
         return ROOT / self.lock
 
 
-class Image(Strict):
+class PlatformImage(Strict):
+    """A base as published for one platform."""
+
     image: str
     digest: str | None = None
     standin: str | None = None  # a key of `standins`: what `build.py base` builds for this base
@@ -139,6 +147,29 @@ class Image(Strict):
     def ref(self) -> str:
         """The reference to pull: pinned by digest when one is known."""
         return f"{self.image}@{self.digest}" if self.digest else self.image
+
+
+class OtherPlatform(PlatformImage):
+    source: str  # where the vendor publishes the base for this platform
+
+
+class Image(PlatformImage):
+    """A target's base: itself for linux/amd64 (platforms.DEFAULT), `platforms` for the others the
+    vendor publishes it for."""
+
+    platforms: dict[str, OtherPlatform] = {}
+
+    @field_validator("platforms")
+    @classmethod
+    def _known_platforms(cls, v):
+        for name in v:
+            if name not in platforms.KNOWN or name == platforms.DEFAULT:
+                others = [p for p in platforms.KNOWN if p != platforms.DEFAULT]
+                raise ValueError(f"{name!r} is not one of {', '.join(others)} (the base itself is {platforms.DEFAULT})")
+        return v
+
+    def on(self, platform: str) -> PlatformImage:
+        return self if platform == platforms.DEFAULT else self.platforms[platform]
 
 
 class Stage1(Image):
@@ -270,17 +301,24 @@ class Matrix(Strict):
             family = self.families.get(s.family)
             if family is None or not family.pypi:
                 raise ValueError(f"standins.{key}.family: {s.family!r} is not a family whose vLLM is on PyPI")
+        for key, s in self.standins.items():
+            if s.platform not in platforms.KNOWN:
+                raise ValueError(f"standins.{key}.platform: {s.platform!r} is not one of {', '.join(platforms.KNOWN)}")
         for name, t in self.targets.items():
-            if t.base.standin is not None and t.base.standin not in self.standins:
-                raise ValueError(
-                    f"targets.{name}.base.standin: unknown stand-in {t.base.standin!r}; "
-                    f"known: {', '.join(self.standins)}"
-                )
-            if t.base.standin is not None and self.standins[t.base.standin].family != t.family:
-                raise ValueError(
-                    f"targets.{name}.base.standin: {t.base.standin!r} stands in for the "
-                    f"{self.standins[t.base.standin].family} family's base, {name} is {t.family}"
-                )
+            for platform in [platforms.DEFAULT, *t.base.platforms]:
+                where = f"targets.{name}.base" + ("" if platform == platforms.DEFAULT else f".platforms.{platform}")
+                key = t.base.on(platform).standin
+                if key is None:
+                    continue
+                if key not in self.standins:
+                    raise ValueError(f"{where}.standin: unknown stand-in {key!r}; known: {', '.join(self.standins)}")
+                if self.standins[key].family != t.family:
+                    raise ValueError(
+                        f"{where}.standin: {key!r} stands in for the "
+                        f"{self.standins[key].family} family's base, {name} is {t.family}"
+                    )
+                if self.standins[key].platform != platform:
+                    raise ValueError(f"{where}.standin: {key!r} is built for {self.standins[key].platform}")
             if t.family not in self.families:
                 raise ValueError(
                     f"targets.{name}.family: unknown family {t.family!r}; known: {', '.join(self.families)}"
@@ -345,17 +383,38 @@ class Matrix(Strict):
         """What a target with audio installs: vLLM's audio extra and its family's additions."""
         return self.audio_extras + self.families[self.targets[name].family].audio_extras
 
-    def standin(self, name: str) -> Standin | None:
-        """The stand-in `build.py base` builds for the target's base, if it has one."""
-        key = self.targets[name].base.standin
+    def platforms(self, name: str) -> list[str]:
+        """The platforms the target's base is published for, linux/amd64 first."""
+        return [platforms.DEFAULT, *self.targets[name].base.platforms]
+
+    def platform(self, name: str, platform: str | None) -> platforms.Platform:
+        """platform (None: the default) when the target's base is published for it, else one line."""
+        p = platforms.parse(platform)
+        if p.name not in self.platforms(name):
+            raise MatrixError(
+                f"{name} is not built for {p.name}: its base is published for {', '.join(self.platforms(name))} "
+                "only (targets.yaml base.platforms)"
+            )
+        return p
+
+    def base_on(self, name: str, platform: str | None = None) -> PlatformImage:
+        """The target's base for platform (None: the default)."""
+        return self.targets[name].base.on(self.platform(name, platform).name)
+
+    def standin(self, name: str, platform: str | None = None) -> Standin | None:
+        """The stand-in `build.py base` builds for the target's base on platform, if it has one."""
+        key = self.base_on(name, platform).standin
         return self.standins[key] if key else None
 
-    def tag(self, name: str) -> str:
-        return f"{self.project.image}:{name}-v{self.project.vllm_version}"
+    def tag(self, name: str, platform: str | None = None) -> str:
+        """The local tag of the target's image for platform (None: the default platform's, which
+        is also what the registry's multi-platform index is called)."""
+        suffix = platforms.parse(platform).tag_suffix
+        return f"{self.project.image}:{name}-v{self.project.vllm_version}{suffix}"
 
-    def tiny_tag(self, name: str) -> str:
+    def tiny_tag(self, name: str, platform: str | None = None) -> str:
         """Images that bake the tiny test model's tokenizer never carry the real tag."""
-        return f"{self.tag(name)}-tiny"
+        return f"{self.tag(name, platform)}-tiny"
 
     def family_targets(self, family: str) -> list[str]:
         return [n for n, t in self.targets.items() if t.family == family]

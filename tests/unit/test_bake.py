@@ -96,7 +96,7 @@ def build_target_args(m, name, monkeypatch, tmp_path) -> dict[str, str]:
         "stage",
         lambda matrix_, n, source, out: (tmp_path, m.project.model if t.bos_tokenizer else ""),
     )
-    monkeypatch.setattr(images, "resolve_base", lambda client, matrix_, n, override, log: t.base.ref)
+    monkeypatch.setattr(images, "resolve_base", lambda client, matrix_, n, override, log, platform=None: t.base.ref)
     monkeypatch.setattr(images, "local_image", lambda client, ref: Base())
     monkeypatch.setattr(images, "build", lambda client, spec, log, verbose=False: seen.update(spec=spec))
     monkeypatch.setattr(

@@ -253,10 +253,16 @@ def test_cuda_and_gaudi_are_not_privileged():
 
 def test_tpu_node_selector():
     assert pod("trillium")["nodeSelector"] == {
+        "kubernetes.io/arch": "amd64",
         "cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice",
         "cloud.google.com/gke-tpu-topology": "1x1",
     }
-    assert "nodeSelector" not in pod("h100")
+
+
+def test_the_node_architecture_is_selected_only_for_a_single_platform_image():
+    # h100 and xeon6 are published for linux/amd64 and linux/arm64: any node; the others amd64 only.
+    assert "nodeSelector" not in pod("h100") and "nodeSelector" not in pod("xeon6")
+    assert pod("gaudi2")["nodeSelector"] == pod("mi300x")["nodeSelector"] == {"kubernetes.io/arch": "amd64"}
 
 
 def test_service_selects_the_pods_and_replicas_apply():

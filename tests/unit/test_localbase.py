@@ -36,7 +36,7 @@ def any_buildkit_cli(monkeypatch):
 
 def base_inputs(rootfs_id: str) -> str:
     """What cpu_base records for a base built on that root filesystem (its inputs_for)."""
-    return localbase._inputs_hash(CPU.dockerfile_path.read_text(), CPU.lock_path.read_text(), rootfs_id)
+    return localbase._inputs_hash(localbase.recipe(CPU), CPU.lock_path.read_text(), rootfs_id)
 
 
 def client_with(rootfs_label: str) -> FakeClient:

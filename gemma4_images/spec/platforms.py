@@ -1,0 +1,52 @@
+"""The platforms an image can be built for (OCI `os/architecture`), and what each one is called by
+the tools that meet it: Debian (mmdebstrap --arch), pip/uv wheel tags, the kernel (binfmt_misc)
+and this project's local tags. Pure: no Docker, no host checks (build/emulation.py does those)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Platform:
+    name: str  # what `docker build --platform` and an OCI image index say: linux/arm64
+    machine: str  # uname -m and the wheel tags' architecture: aarch64
+    debian: str  # Debian's architecture name: arm64
+    # Appended to a target's local tag for this platform. A Docker 20.10 engine keeps one image per
+    # tag, so the platforms of one target sit side by side under their own tags here; a registry
+    # joins them into one index under the plain tag (`push`).
+    tag_suffix: str
+
+    @property
+    def os(self) -> str:
+        return self.name.split("/")[0]
+
+    @property
+    def architecture(self) -> str:
+        return self.name.split("/")[1]
+
+
+DEFAULT = "linux/amd64"  # every target's `base` is its linux/amd64 base; `base.platforms` adds others
+KNOWN = {
+    p.name: p
+    for p in (
+        Platform("linux/amd64", "x86_64", "amd64", ""),
+        Platform("linux/arm64", "aarch64", "arm64", "-arm64"),
+    )
+}
+
+
+class PlatformError(Exception):
+    pass
+
+
+def parse(name: str | None) -> Platform:
+    """The platform called name (None: the default), or one line listing the known ones."""
+    name = name or DEFAULT
+    # What Docker also accepts for arm64: the v8 variant is the only one there is for 64-bit Arm.
+    name = {"linux/arm64/v8": "linux/arm64", "linux/aarch64": "linux/arm64", "linux/x86_64": "linux/amd64"}.get(
+        name, name
+    )
+    if name not in KNOWN:
+        raise PlatformError(f"unknown platform {name!r}; known platforms: {', '.join(KNOWN)}")
+    return KNOWN[name]
