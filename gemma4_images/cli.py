@@ -58,6 +58,18 @@ PLATFORM = click.option(
 RUN_STOP_BUDGET_S = 60  # for `build.py run`'s server to stop after a signal: vLLM's graceful shutdown
 
 
+def other_platform(m, name: str, platform: str | None, emulate: bool = True) -> str | None:
+    """--platform for target name: one line if the target lacks it, else None for the default
+    platform and the platform's name for another (then, with emulate, one line unless this host
+    can run its programs)."""
+    p = m.platform(name, platform)
+    if p.name == platforms.DEFAULT:
+        return None
+    if emulate:
+        emulation.require(p)
+    return p.name
+
+
 def fail(message: str, code: int = 1):
     click.echo(f"error: {message}", err=True)
     sys.exit(code)
@@ -269,11 +281,10 @@ def build(
             names = [n for n in names if n not in skipped]
             if skipped:
                 log(f"not built for {p.name} (their bases are published without it): {', '.join(skipped)}")
-        for name in names:
-            m.platform(name, p.name)  # one line before anything is built, not after the first target
-        platform = None if p.name == platforms.DEFAULT else p.name
-        if platform and not dry_run:
-            emulation.require(p)  # before the engine is asked anything
+        checked = None
+        for name in names:  # one line before anything is built, not after the first target
+            checked = other_platform(m, name, p.name, emulate=not dry_run)
+        platform = checked
     if tag and len(names) > 1:
         fail("--tag names one image; give one target", 2)
     extra = parse_build_args(build_args)
@@ -367,8 +378,7 @@ def pin_cmd(targets, check, path):
 def base(target, no_cache, platform):
     """Build TARGET's local stand-in base with no registry (Debian packages + a host wheelhouse)."""
     m = load()
-    p = m.platform(target, platform)
-    platform = None if p.name == platforms.DEFAULT else p.name
+    platform = other_platform(m, target, platform, emulate=False)  # checked if it must be built
     click.echo(images.build_local_base(connect(), m, target, log, nocache=no_cache, platform=platform))
 
 
@@ -447,10 +457,7 @@ def smoke(target, image, model, tiny, report, platform):
     from gemma4_images.check import smoke as smoke_mod
 
     m, name = load(), target
-    p = m.platform(name, platform)
-    platform = None if p.name == platforms.DEFAULT else p.name
-    if platform:
-        emulation.require(p)
+    platform = other_platform(m, name, platform)
     client = connect()
     owned.reap(client, log)
     missing = running.device_missing(client, m.families[m.targets[name].family].present)
