@@ -129,7 +129,7 @@ target "gemma4-e2b-h100" {
     GEMMA4_TARGET        = "h100"
     GEMMA4_MODEL_ID      = "google/gemma-4-E2B-it"
     GEMMA4_VLLM_VERSION  = "0.30.0"
-    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     GEMMA4_BOS_COPY_OF   = ""
   }
   labels = {
@@ -143,7 +143,7 @@ target "gemma4-e2b-h100" {
     "io.gemma4-images.target"              = "h100"
     "io.gemma4-images.model"               = "google/gemma-4-E2B-it"
     "io.gemma4-images.vllm-version"        = "0.30.0"
-    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     "io.gemma4-images.tokenizer"           = ""
   }
 }
@@ -168,7 +168,7 @@ target "gemma4-e2b-h200" {
     GEMMA4_TARGET        = "h200"
     GEMMA4_MODEL_ID      = "google/gemma-4-E2B-it"
     GEMMA4_VLLM_VERSION  = "0.30.0"
-    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     GEMMA4_BOS_COPY_OF   = ""
   }
   labels = {
@@ -182,7 +182,7 @@ target "gemma4-e2b-h200" {
     "io.gemma4-images.target"              = "h200"
     "io.gemma4-images.model"               = "google/gemma-4-E2B-it"
     "io.gemma4-images.vllm-version"        = "0.30.0"
-    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     "io.gemma4-images.tokenizer"           = ""
   }
 }
@@ -207,7 +207,7 @@ target "gemma4-e2b-b200" {
     GEMMA4_TARGET        = "b200"
     GEMMA4_MODEL_ID      = "google/gemma-4-E2B-it"
     GEMMA4_VLLM_VERSION  = "0.30.0"
-    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     GEMMA4_BOS_COPY_OF   = ""
   }
   labels = {
@@ -221,7 +221,7 @@ target "gemma4-e2b-b200" {
     "io.gemma4-images.target"              = "b200"
     "io.gemma4-images.model"               = "google/gemma-4-E2B-it"
     "io.gemma4-images.vllm-version"        = "0.30.0"
-    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     "io.gemma4-images.tokenizer"           = ""
   }
 }
@@ -246,7 +246,7 @@ target "gemma4-e2b-b300" {
     GEMMA4_TARGET        = "b300"
     GEMMA4_MODEL_ID      = "google/gemma-4-E2B-it"
     GEMMA4_VLLM_VERSION  = "0.30.0"
-    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     GEMMA4_BOS_COPY_OF   = ""
   }
   labels = {
@@ -260,7 +260,7 @@ target "gemma4-e2b-b300" {
     "io.gemma4-images.target"              = "b300"
     "io.gemma4-images.model"               = "google/gemma-4-E2B-it"
     "io.gemma4-images.vllm-version"        = "0.30.0"
-    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     "io.gemma4-images.tokenizer"           = ""
   }
 }
@@ -285,7 +285,7 @@ target "gemma4-e2b-mi300x" {
     GEMMA4_TARGET        = "mi300x"
     GEMMA4_MODEL_ID      = "google/gemma-4-E2B-it"
     GEMMA4_VLLM_VERSION  = "0.30.0"
-    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     GEMMA4_BOS_COPY_OF   = ""
   }
   labels = {
@@ -299,7 +299,7 @@ target "gemma4-e2b-mi300x" {
     "io.gemma4-images.target"              = "mi300x"
     "io.gemma4-images.model"               = "google/gemma-4-E2B-it"
     "io.gemma4-images.vllm-version"        = "0.30.0"
-    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     "io.gemma4-images.tokenizer"           = ""
   }
 }
@@ -324,7 +324,7 @@ target "gemma4-e2b-mi325x" {
     GEMMA4_TARGET        = "mi325x"
     GEMMA4_MODEL_ID      = "google/gemma-4-E2B-it"
     GEMMA4_VLLM_VERSION  = "0.30.0"
-    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     GEMMA4_BOS_COPY_OF   = ""
   }
   labels = {
@@ -338,7 +338,7 @@ target "gemma4-e2b-mi325x" {
     "io.gemma4-images.target"              = "mi325x"
     "io.gemma4-images.model"               = "google/gemma-4-E2B-it"
     "io.gemma4-images.vllm-version"        = "0.30.0"
-    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     "io.gemma4-images.tokenizer"           = ""
   }
 }
@@ -363,7 +363,7 @@ target "gemma4-e2b-mi350x" {
     GEMMA4_TARGET        = "mi350x"
     GEMMA4_MODEL_ID      = "google/gemma-4-E2B-it"
     GEMMA4_VLLM_VERSION  = "0.30.0"
-    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     GEMMA4_BOS_COPY_OF   = ""
   }
   labels = {
@@ -377,7 +377,7 @@ target "gemma4-e2b-mi350x" {
     "io.gemma4-images.target"              = "mi350x"
     "io.gemma4-images.model"               = "google/gemma-4-E2B-it"
     "io.gemma4-images.vllm-version"        = "0.30.0"
-    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     "io.gemma4-images.tokenizer"           = ""
   }
 }
@@ -402,7 +402,7 @@ target "gemma4-e2b-mi355x" {
     GEMMA4_TARGET        = "mi355x"
     GEMMA4_MODEL_ID      = "google/gemma-4-E2B-it"
     GEMMA4_VLLM_VERSION  = "0.30.0"
-    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     GEMMA4_BOS_COPY_OF   = ""
   }
   labels = {
@@ -416,7 +416,7 @@ target "gemma4-e2b-mi355x" {
     "io.gemma4-images.target"              = "mi355x"
     "io.gemma4-images.model"               = "google/gemma-4-E2B-it"
     "io.gemma4-images.vllm-version"        = "0.30.0"
-    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     "io.gemma4-images.tokenizer"           = ""
   }
 }
@@ -441,7 +441,7 @@ target "gemma4-e2b-xeon6" {
     GEMMA4_TARGET        = "xeon6"
     GEMMA4_MODEL_ID      = "google/gemma-4-E2B-it"
     GEMMA4_VLLM_VERSION  = "0.30.0"
-    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     GEMMA4_BOS_COPY_OF   = "google/gemma-4-E2B-it"
   }
   labels = {
@@ -455,7 +455,7 @@ target "gemma4-e2b-xeon6" {
     "io.gemma4-images.target"              = "xeon6"
     "io.gemma4-images.model"               = "google/gemma-4-E2B-it"
     "io.gemma4-images.vllm-version"        = "0.30.0"
-    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     "io.gemma4-images.tokenizer"           = "google/gemma-4-E2B-it"
   }
 }

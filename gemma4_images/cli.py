@@ -523,22 +523,50 @@ def smoke(target, image, model, tiny, report, platform):
     envvar="GEMMA4_SIGN_PASSPHRASE_FILE",
     help="File holding the signing key's passphrase (else gpg-agent is asked).",
 )
-def push(targets, registry, image, moving_tag, skip_smoke, allow_dirty, sign_by, signatures, sign_passphrase_file):
-    """Tag and push TARGETS' images; attach reports/sbom-<target>.cdx.json and
-    reports/provenance-<target>.intoto.json when present, sign with --sign-by; prints each digest
-    and records all of it in reports/pushed.json."""
+@click.option(
+    "--platform",
+    "platform_names",
+    multiple=True,
+    metavar="OS/ARCH[,...]",
+    help="Push these platforms' images (repeat or comma-separate); two or more are joined under the "
+    "target's tags by an image index. Default: every platform of the target built here.",
+)
+def push(
+    targets,
+    registry,
+    image,
+    moving_tag,
+    skip_smoke,
+    allow_dirty,
+    sign_by,
+    signatures,
+    sign_passphrase_file,
+    platform_names,
+):
+    """Tag and push TARGETS' images, each platform's (an index joins two or more); attach each
+    image's reports/sbom-<target>[-<arch>].cdx.json and provenance-….intoto.json when present, sign
+    with --sign-by; prints each digest and records all of it in reports/pushed.json."""
+    wanted = [p.strip() for names in platform_names for p in names.split(",") if p.strip()]
     if image and len(targets) > 1:
         fail("--image names one image; give one target", 2)
+    if image and len(wanted) > 1:
+        fail("--image names one platform's image; give one --platform (or push the built tags without --image)", 2)
     names = list(dict.fromkeys(targets))
+    m = load()
+    for name in names:  # every platform checked before anything is pushed
+        for p in wanted:
+            m.platform(name, p)
+    key = reports.key(names[0], wanted[0] if wanted else None)
     entries = publish.push(
         connect(),
-        load(),
+        m,
         names,
         registry,
+        platforms_wanted=wanted or None,
         moving_tag=moving_tag,
         skip_smoke=skip_smoke,
         allow_dirty=allow_dirty,
-        sources={names[0]: image} if image else None,
+        sources={key: image} if image else None,
         sign_by=sign_by,
         signatures=Path(signatures),
         passphrase_file=sign_passphrase_file,
@@ -565,11 +593,18 @@ def push(targets, registry, image, moving_tag, skip_smoke, allow_dirty, sign_by,
 @click.option("--to", "dest", metavar="TRANSPORT:REF", help="Copy the verified image there (any skopeo destination).")
 @click.option("--attachments-dir", type=click.Path(file_okay=False), help="Write the verified attached files here.")
 @click.option("--require-attachments", is_flag=True, help="Refuse an image without its SBOM and provenance.")
-def verify(ref, key, policy, signatures, dest, attachments_dir, require_attachments):
+@click.option(
+    "--platform",
+    metavar="OS/ARCH",
+    help=f"For a multi-platform tag: the platform's image to check and copy (default {platforms.DEFAULT}).",
+)
+def verify(ref, key, policy, signatures, dest, attachments_dir, require_attachments, platform):
     """Check REF's signature under the policy (and its attached SBOM and provenance, themselves
     signed) before deploying it; exit 1 with the reason when it is refused."""
     from gemma4_images.publish import verify as verify_mod
 
+    if platform:
+        platforms.parse(platform)  # before anything is asked of the registry
     result = verify_mod.verify(
         ref,
         key=Path(key) if key else None,
@@ -578,9 +613,17 @@ def verify(ref, key, policy, signatures, dest, attachments_dir, require_attachme
         dest=dest,
         attachments_dir=Path(attachments_dir) if attachments_dir else None,
         require_attachments=require_attachments,
+        platform=platform,
         log=log,
     )
-    click.echo(f"verified {Reference.split(ref).with_digest(result['digest'])}")
+    verified = Reference.split(ref)
+    if result["index"]:
+        click.echo(
+            f"verified {verified.with_digest(result['index'])} ({result['platform']}: "
+            f"{verified.with_digest(result['digest'])})"
+        )
+    else:
+        click.echo(f"verified {verified.with_digest(result['digest'])}")
 
 
 @cli.command()

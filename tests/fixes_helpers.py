@@ -52,6 +52,7 @@ FILES = [
     "vllm/entrypoints/launchers/launcher.py",
     "vllm/parser/gemma4.py",
     "vllm/tool_parsers/gemma4_engine_tool_parser.py",
+    "vllm/_custom_ops.py",
 ]
 INVALID_TOKEN_TEXT = "<invalid_token_id>"  # what logprobs-decode-guard writes for a bad id
 GEMMA_EOS_IDS = [1, 106]  # <eos>, <turn|>: the stop tokens of Gemma 4 (and of the tiny model)
@@ -228,7 +229,12 @@ def probe(out_path: str, only: str | None = None) -> None:
     import xgrammar
 
     result["xgrammar_file"] = xgrammar.__file__
-    probes = {"logprobs": probe_logprobs, "tool_args": probe_tool_args, "grammar": probe_grammar}
+    probes = {
+        "logprobs": probe_logprobs,
+        "tool_args": probe_tool_args,
+        "grammar": probe_grammar,
+        "onednn": probe_onednn,
+    }
     for name, func in probes.items():
         if only and name != only:
             continue
@@ -265,6 +271,43 @@ class _Warnings:
                     outer.records.append(record.getMessage())
 
         logging.getLogger(name).addHandler(Handler())
+
+
+# ---------------------------------------------------------------- cpu-onednn-strided-input
+def probe_onednn(tok) -> dict:
+    """vLLM's CPU linear (oneDNN's onednn_mm, what vLLM's CPU linear layers run where it is
+    built in) on the activation layouts Gemma 4's audio conformer gives it: its lconv1d's conv
+    output transposed back (last-dim stride != 1), and the same values row-contiguous; float32
+    and bfloat16. Recorded: the error, or the largest difference to torch's own linear."""
+    import torch
+    from vllm import _custom_ops as ops
+    from vllm.platforms import current_platform
+
+    current_platform.import_kernels()
+    out: dict = {"supports_onednn": bool(ops._supports_onednn)}
+    torch.manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16):
+        weight = torch.randn(24, 32, dtype=dtype)  # [N, K], as vLLM's linear layers hold it
+        bias = torch.randn(24, dtype=dtype)
+        handler = ops.create_onednn_mm(weight.t(), 32)  # as dispatch_cpu_unquantized_gemm makes it
+        # [batch, channels, time]: one clip, as an audio request brings (with two, reshape copies
+        # and hides the bug)
+        conv_out = torch.randn(1, 32, 7, dtype=dtype)
+        transposed = conv_out.transpose(1, 2)  # [batch, time, channels], a view
+        for layout, x in (("transposed", transposed), ("contiguous", transposed.contiguous())):
+            key = f"{layout}_{str(dtype).removeprefix('torch.')}"
+            want = torch.nn.functional.linear(x.float(), weight.float(), bias.float())
+            try:
+                got = ops.onednn_mm(handler, x, bias)
+                out[key] = {
+                    "stride_last": x.stride(-1),
+                    "shape": list(got.shape),
+                    "max_abs_diff": float((got.float() - want).abs().max()),
+                    "max_abs": float(want.abs().max()),
+                }
+            except Exception as e:
+                out[key] = {"stride_last": x.stride(-1), **_error(e)}
+    return out
 
 
 # ---------------------------------------------------------------- logprobs-decode-guard

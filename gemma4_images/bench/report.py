@@ -192,6 +192,16 @@ def arm64_section(record: dict) -> list[str]:
             f"{f['serve_s'] / f['amd64_serve_s']:.1f}x",
         ),
     ]
+    if "push_both_s" in f:  # recorded since the tier publishes both platforms as one index
+        rows += [
+            ("push both platforms as one signed index (loopback registry)", f"{f['push_both_s']:.0f} s", "-", "-"),
+            (
+                "pull by the index digest (layers already here)",
+                f"{f['pull_arm64_s']:.1f} s",
+                f"{f['pull_amd64_s']:.1f} s",
+                "-",
+            ),
+        ]
     return [
         "## linux/arm64 under qemu",
         "",

@@ -7,12 +7,13 @@ from __future__ import annotations
 import json
 import re
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gemma4_images.build import registry as registry_api
 from gemma4_images.build.docker_build import ANSI, local_image
-from gemma4_images.publish import attach, signing
-from gemma4_images.spec import facts, reference
+from gemma4_images.publish import attach, index, reports, signing
+from gemma4_images.spec import facts, platforms, reference
 from gemma4_images.spec.matrix import Matrix
 
 SHORT_SHA = 7
@@ -65,18 +66,22 @@ def short_revision(image, allow_dirty: bool) -> str:
     return sha[:SHORT_SHA] + ("-dirty" if dirty else "")
 
 
-def tags_for(matrix: Matrix, name: str, revision: str, moving_tag: bool) -> list[str]:
+def tags_for(matrix: Matrix, name: str, revision: str, moving_tag: bool, suffix: str = "") -> list[str]:
+    """The registry tags of a target's image: its version, the version and commit, and (moving_tag)
+    the plain name; suffix names one platform's image (-arm64) where the plain tags are an index."""
     version = f"{name}-v{matrix.project.vllm_version}"
-    return [version, f"{version}-{revision}"] + ([name] if moving_tag else [])
+    return [f"{version}{suffix}", f"{version}-{revision}{suffix}"] + ([f"{name}{suffix}"] if moving_tag else [])
 
 
 # -- the smoke gate ------------------------------------------------------------------------------
 
 
-def smoke_refusal(client, name: str, image, reports_dir: Path) -> str | None:
-    """Why image may not be pushed for target name, or None when its smoke report clears it."""
-    path = Path(reports_dir) / f"smoke-{name}.json"
-    run = f"run `python build.py smoke {name}` first"
+def smoke_refusal(client, name: str, image, reports_dir: Path, platform: str | None = None) -> str | None:
+    """Why image may not be pushed for target name on platform, or None when its smoke report
+    (reports/smoke-<target>[-<arch>].json) clears it."""
+    path = Path(reports_dir) / f"smoke-{reports.key(name, platform)}.json"
+    on = f" --platform {platform}" if platforms.parse(platform).name != platforms.DEFAULT else ""
+    run = f"run `python build.py smoke {name}{on}` first"
     try:
         report = json.loads(path.read_text())
     except OSError:
@@ -146,12 +151,91 @@ def _push_stream(client, repo: str, tag: str) -> str:
     return digest
 
 
+@dataclass
+class Part:
+    """One platform's image of a release."""
+
+    platform: str  # linux/arm64
+    source: str  # the local image pushed
+    image: object
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Release:
+    """What one target's push puts in the registry: one image under the target's tags, or (two or
+    more platforms) each platform's image under its own -<arch> tags and an index under the
+    target's tags."""
+
+    name: str
+    revision: str  # the full commit every part was built from
+    parts: list[Part]
+    tags: list[str] = field(default_factory=list)  # the index's; empty for one platform
+
+    @property
+    def multi(self) -> bool:
+        return len(self.parts) > 1
+
+
+def chosen_parts(client, matrix: Matrix, name: str, wanted: list[str] | None, sources: dict, log) -> list[Part]:
+    """The platforms of name to push, each with its local image. wanted: exactly those (each must
+    be one of the target's and built); else every platform sources names for the target (keyed
+    like the reports: xeon6, xeon6-arm64), else every one of the target's with a local image, the
+    others named in the log."""
+    if wanted:
+        chosen = list(dict.fromkeys(matrix.platform(name, p).name for p in wanted))  # MatrixError: one line
+    elif any(reports.key(name, p) in sources for p in matrix.platforms(name)):
+        chosen = [p for p in matrix.platforms(name) if reports.key(name, p) in sources]
+    else:
+        chosen = [p for p in matrix.platforms(name) if local_image(client, matrix.tag(name, p)) is not None]
+        for p in matrix.platforms(name):
+            if p not in chosen:
+                log(
+                    f"{name}: no local image {matrix.tag(name, p)}, so {p} is not in this push "
+                    f"(build it with `python build.py build {name} --platform {p}`)"
+                )
+        chosen = chosen or [platforms.DEFAULT]
+    parts = []
+    for p in chosen:
+        source = sources.get(reports.key(name, p)) or matrix.tag(name, p)
+        image = local_image(client, source)
+        if image is None:
+            on = f" --platform {p}" if p != platforms.DEFAULT else ""
+            raise PushError(f"no local image {source}; build it first (`python build.py build {name}{on}`)")
+        built_for = f"{image.attrs.get('Os', 'linux')}/{image.attrs.get('Architecture')}"
+        if platforms.parse(built_for).name != p:
+            raise PushError(f"{source} is a {built_for} image, not {p}; give the {p} image")
+        parts.append(Part(p, source, image))
+    return parts
+
+
+def plan_release(matrix: Matrix, name: str, parts: list[Part], moving_tag: bool, allow_dirty: bool) -> Release:
+    """Tag the parts (one platform: the target's tags with the platform's local tag suffix; more:
+    -<arch> tags, the target's tags going to the index). Every part must come from one commit."""
+    revisions = {part.source: short_revision(part.image, allow_dirty) for part in parts}
+    if len(set(revisions.values())) > 1:
+        built = ", ".join(f"{source} from {rev}" for source, rev in revisions.items())
+        raise PushError(
+            f"{name}: one index must hold images of one commit, but {built}; rebuild them from the same commit"
+        )
+    short = next(iter(revisions.values()))
+    full = (parts[0].image.labels or {}).get("org.opencontainers.image.revision") or facts.revision()
+    if len(parts) == 1:
+        suffix = platforms.parse(parts[0].platform).tag_suffix
+        parts[0].tags = tags_for(matrix, name, short, moving_tag, suffix)
+        return Release(name, full, parts)
+    for part in parts:
+        part.tags = tags_for(matrix, name, short, False, f"-{platforms.parse(part.platform).architecture}")
+    return Release(name, full, parts, tags_for(matrix, name, short, moving_tag))
+
+
 def push(
     client,
     matrix: Matrix,
     targets: list[str],
     registry: str,
     *,
+    platforms_wanted: list[str] | None = None,
     moving_tag: bool = False,
     skip_smoke: bool = False,
     allow_dirty: bool = False,
@@ -162,11 +246,13 @@ def push(
     passphrase_file: str | None = None,
     log=print,
 ) -> list[dict]:
-    """Tag and push each target's image; returns (and records in reports_dir/pushed.json) one
-    entry per target: target, repository, tags, digest, image id, which tags were pushed or
-    already there, the files attached and, with sign_by (a GnuPG key), the signatures written to
-    the lookaside directory signatures (default reports_dir/signatures). sources maps a target
-    to the local image to push (default: its tag)."""
+    """Tag and push each target's image, for each of its platforms (chosen_parts), joined by an
+    index when there are two or more; returns (and records in reports_dir/pushed.json) one entry
+    per target: target, repository, tags, digest, image id, which tags were pushed or already
+    there, the files attached and, with sign_by (a GnuPG key), the signatures written to the
+    lookaside directory signatures (default reports_dir/signatures); an index's entry holds one
+    such entry per platform under "platforms". sources maps a target's report key (xeon6,
+    xeon6-arm64) to the local image to push (default: its tag)."""
     repo = repository(matrix, registry)
     signer = None
     if sign_by:
@@ -179,48 +265,92 @@ def push(
     plan = []
     # Every gate is checked before anything is pushed, so a refusal never leaves half a release.
     for name in targets:
-        source = (sources or {}).get(name) or matrix.tag(name)
-        image = local_image(client, source)
-        if image is None:
-            raise PushError(f"no local image {source}; build it first (`python build.py build {name}`)")
-        refusal = smoke_refusal(client, name, image, reports_dir)
-        if refusal and not skip_smoke:
-            raise PushError(f"refusing to push {source}: {refusal} (or pass --skip-smoke)")
-        if refusal:
-            log(f"WARNING: pushing {source} WITHOUT a passing smoke test (--skip-smoke): {refusal}")
-        for item in attach.report_attachments(name, reports_dir):
-            if item.path.is_file() and _older_than(item.path, image):
-                raise PushError(
-                    f"refusing to push {source}: {item.path} was written before the image was built; "
-                    f"regenerate it for this image (or remove it to push without it)"
-                )
-        plan.append((name, source, image, tags_for(matrix, name, short_revision(image, allow_dirty), moving_tag)))
+        parts = chosen_parts(client, matrix, name, platforms_wanted, sources or {}, log)
+        for part in parts:
+            refusal = smoke_refusal(client, name, part.image, reports_dir, part.platform)
+            if refusal and not skip_smoke:
+                raise PushError(f"refusing to push {part.source}: {refusal} (or pass --skip-smoke)")
+            if refusal:
+                log(f"WARNING: pushing {part.source} WITHOUT a passing smoke test (--skip-smoke): {refusal}")
+            for item in attach.report_attachments(reports.key(name, part.platform), reports_dir):
+                if item.path.is_file() and _older_than(item.path, part.image):
+                    raise PushError(
+                        f"refusing to push {part.source}: {item.path} was written before the image was built; "
+                        f"regenerate it for this image (or remove it to push without it)"
+                    )
+        plan.append(plan_release(matrix, name, parts, moving_tag, allow_dirty))
     check_registry(reference.Reference.split(repo).host)
-    return push_plan(
-        client, plan, repo, log, reports_dir, lambda entry: _attach_and_sign(entry, reports_dir, signer, log)
-    )
+    results, created = [], []
+    try:
+        for release in plan:
+            results.append(_push_release(client, release, repo, reports_dir, signer, log, created))
+    except (PushError, registry_api.RegistryError, signing.SigningError) as e:
+        _forget_created(client, created, results, repo)
+        raise e if isinstance(e, PushError) else PushError(str(e)) from None
+    finally:
+        if results:
+            record(results, Path(reports_dir) / PUSHED_FILE)
+    return results
 
 
-def push_plan(client, plan, repo: str, log, reports_dir: Path = Path("reports"), after=None) -> list[dict]:
-    """Push each (name, source, image, tags) of plan to repo, then after(entry); record every
-    entry that reached the registry in pushed.json, and on a failure remove the local registry
-    tags this push made for what did not get there."""
+def _push_release(client, release: Release, repo: str, reports_dir: Path, signer, log, created: list[str]) -> dict:
+    """Push, attach and sign each part; then, for several, the index under the target's tags,
+    signed with every platform's manifest (skopeo signs an index's instances with it)."""
+    entries = []
+    for part in release.parts:
+        entry = _push_target(client, release.name, part.source, part.image, repo, part.tags, log, created)
+        entry["platform"] = part.platform
+        _attach_and_sign(entry, reports.key(release.name, part.platform), reports_dir, signer, log)
+        entries.append(entry)
+    if not release.multi:
+        return entries[0]
+    pushed = reference.Reference.split(repo)
+    host, path = pushed.host, pushed.repository
+    descriptors = [index.descriptor(host, path, e["digest"], e["platform"]) for e in entries]
+    data = index.body(descriptors, release.revision)
+    digest = registry_api.sha256_digest(data)
+    entry = {
+        "target": release.name,
+        "repository": repo,
+        "tags": release.tags,
+        "digest": digest,
+        "media_type": index.OCI_INDEX,
+        "pushed": [],
+        "already_present": [],
+        "platforms": entries,
+    }
+    for tag in release.tags:
+        if remote_digest(host, path, tag) == digest:
+            entry["already_present"].append(tag)
+            log(f"{repo}:{tag} is already the index {digest}; not stored again")
+            continue
+        index.put(host, path, tag, data)
+        entry["pushed"].append(tag)
+        log(f"stored the index of {', '.join(e['platform'] for e in entries)} as {repo}:{tag} {digest}")
+    entry["signatures"] = _sign(host, path, [(t, digest) for t in release.tags], signer, log)
+    return entry
+
+
+def _forget_created(client, created: list[str], results: list[dict], repo: str) -> None:
+    """A push that fails leaves no registry tag behind on this machine that it made itself, except
+    those of what did reach the registry."""
+    done = {f"{repo}:{t}" for r in results for e in [r, *r.get("platforms", [])] for t in e["tags"]}
+    for ref in created:
+        if ref not in done:
+            client.images.remove(ref, noprune=True)
+
+
+def push_plan(client, plan, repo: str, log, reports_dir: Path = Path("reports")) -> list[dict]:
+    """Push each (name, source, image, tags) of plan to repo; record every entry that reached the
+    registry in pushed.json, and on a failure remove the local registry tags this push made for
+    what did not get there."""
     results, created = [], []
     try:
         for name, source, image, tags in plan:
-            entry = _push_target(client, name, source, image, repo, tags, log, created)
-            results.append(entry)
-            if after:
-                after(entry)
-    except (PushError, registry_api.RegistryError, signing.SigningError) as e:
-        # A push that fails leaves no registry tag behind on this machine that it made itself.
-        done = {f"{repo}:{t}" for r in results for t in r["tags"]}
-        for ref in created:
-            if ref not in done:
-                client.images.remove(ref, noprune=True)
-        if isinstance(e, PushError):
-            raise
-        raise PushError(str(e)) from None
+            results.append(_push_target(client, name, source, image, repo, tags, log, created))
+    except (PushError, registry_api.RegistryError) as e:
+        _forget_created(client, created, results, repo)
+        raise e if isinstance(e, PushError) else PushError(str(e)) from None
     finally:
         # Whatever did reach the registry is recorded, even when a later target fails.
         if results:
@@ -266,16 +396,17 @@ def _older_than(path: Path, image) -> bool:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(path.stat().st_mtime)) < built
 
 
-def _attach_and_sign(entry: dict, reports_dir: Path, signer, log) -> None:
-    """Attach the target's reports to its pushed digest, then sign every tag (the image's and the
-    attachments'), recording both in entry."""
+def _attach_and_sign(entry: dict, key: str, reports_dir: Path, signer, log) -> None:
+    """Attach the reports filed under key (the target, -<arch> for another platform) to the
+    entry's pushed digest, then sign every tag (the image's and the attachments'), recording both
+    in entry."""
     pushed = reference.Reference.split(entry["repository"])
     host, path = pushed.host, pushed.repository
     entry["attachments"] = []
-    for item in attach.report_attachments(entry["target"], reports_dir):
+    for item in attach.report_attachments(key, reports_dir):
         tag = attach.tag_for(entry["digest"], item.suffix)
         if not item.path.is_file():
-            log(f"no {item.path} for {entry['target']}: nothing attached as {tag}")
+            log(f"no {item.path} for {key}: nothing attached as {tag}")
             continue
         start = time.monotonic()
         done = attach.attach(host, path, entry["digest"], item)
@@ -284,19 +415,24 @@ def _attach_and_sign(entry: dict, reports_dir: Path, signer, log) -> None:
             f"attached {item.path} ({done['size']} bytes) as {entry['repository']}:{tag} "
             f"{done['manifest_digest']} ({time.monotonic() - start:.1f}s)"
         )
-    entry["signatures"] = []
-    if signer is None:
-        log(f"{entry['repository']}: not signed (no --sign-by key)")
-        return
-    key, signatures, passphrase_file = signer
     to_sign = [(t, entry["digest"]) for t in entry["tags"]]
     to_sign += [(a["tag"], a["manifest_digest"]) for a in entry["attachments"]]
+    entry["signatures"] = _sign(host, path, to_sign, signer, log)
+
+
+def _sign(host: str, path: str, to_sign: list[tuple[str, str]], signer, log) -> list[dict]:
+    if signer is None:
+        log(f"{host}/{path}: not signed (no --sign-by key)")
+        return []
+    key, signatures, passphrase_file = signer
+    done_list = []
     for tag, digest in to_sign:
         start = time.monotonic()
         done, fresh = signing.sign(host, path, tag, digest, key, signatures, passphrase_file)
-        entry["signatures"].append({**done, "digest": digest})
+        done_list.append({**done, "digest": digest})
         said = "signed" if fresh else "already signed"
         log(f"{said} {done['identity']} with {key[-16:]}: {done['signature']} ({time.monotonic() - start:.1f}s)")
+    return done_list
 
 
 def record(entries: list[dict], path: Path) -> None:

@@ -10,8 +10,8 @@ import tempfile
 from pathlib import Path
 
 from gemma4_images.build import registry as registry_api
-from gemma4_images.publish import attach, signing
-from gemma4_images.spec import reference
+from gemma4_images.publish import attach, index, signing
+from gemma4_images.spec import platforms, reference
 
 
 def policy_file(ref: str, key: Path | None, policy: Path | None, folder: Path) -> Path:
@@ -39,13 +39,16 @@ def verify(
     dest: str | None = None,
     attachments_dir: Path | None = None,
     require_attachments: bool = False,
+    platform: str | None = None,
     log=print,
 ) -> dict:
     """Check ref's signature and its attachments' (see the module doc); copy the checked image on
     to dest and the attached files into attachments_dir when given. Returns the verified digest
     and the attachments found; raises SigningError (one line) on the first refusal, or on a
     missing attachment when require_attachments (a pipeline that deploys nothing without its
-    SBOM and provenance)."""
+    SBOM and provenance). For an index (a multi-platform tag), platform (default linux/amd64)
+    chooses the image: the index's signature and that image's are both checked, and the
+    attachments are that image's; the result's digest is the image's, its index the index's."""
     image = reference.Reference.split(ref)
     host, repository = image.host, image.repository
     with tempfile.TemporaryDirectory() as tmp:
@@ -56,8 +59,21 @@ def verify(
             registry_api.check(host)
         except registry_api.RegistryUnavailable as e:
             raise signing.SigningError(f"cannot verify {ref}: {e}") from None
-        digest = signing.policy_copy(ref, enforced, signatures, tmp / "image")
-        log(f"{ref}: signature accepted by {enforced if policy else 'the policy for ' + str(key)} ({digest})")
+        index_data, held = _platforms_held(host, repository, image.tag_or_digest, ref)
+        chosen = platforms.parse(platform).name if held is not None else None
+        index_digest = registry_api.sha256_digest(index_data) if held is not None else None
+        if held is not None:
+            if chosen not in held:
+                raise signing.SigningError(f"{ref} refused: its index holds {', '.join(held)}, not {chosen}")
+            # skopeo checks the platform's image, not the index that says which image that is.
+            signing.check_index_signature(ref, index_digest, index_data, enforced, signatures)
+        elif platform:
+            _check_single_platform(host, repository, image.tag_or_digest, ref, platforms.parse(platform).name)
+        digest = signing.policy_copy(ref, enforced, signatures, tmp / "image", chosen)
+        if held is not None and digest != held[chosen]:
+            raise signing.SigningError(f"{ref} refused: its {chosen} image came back as {digest}, not {held[chosen]}")
+        what = f"{ref} ({chosen} of the index)" if chosen else ref
+        log(f"{what}: signature accepted by {enforced if policy else 'the policy for ' + str(key)} ({digest})")
         found = []
         for suffix in attach.SUFFIXES:
             tag = attach.tag_for(digest, suffix)
@@ -82,7 +98,24 @@ def verify(
         if dest:
             signing.copy_out(tmp / "image", dest)
             log(f"{ref}: copied to {dest}")
-    return {"reference": ref, "digest": digest, "attachments": found}
+    return {"reference": ref, "digest": digest, "index": index_digest, "platform": chosen, "attachments": found}
+
+
+def _platforms_held(host: str, repository: str, ref_part: str, ref: str) -> tuple[bytes, dict[str, str] | None]:
+    try:
+        return index.platforms_in(host, repository, ref_part)
+    except registry_api.RegistryError as e:
+        raise signing.SigningError(f"cannot verify {ref}: {e}") from None
+
+
+def _check_single_platform(host: str, repository: str, ref_part: str, ref: str, wanted: str) -> None:
+    """--platform on a one-image reference: refused unless that image is for the platform."""
+    body, _ = registry_api.get_manifest(host, repository, ref_part)
+    config = json.loads(body).get("config") or {}
+    built = json.loads(registry_api.get_blob(host, repository, config["digest"])) if config.get("digest") else {}
+    found = f"{built.get('os')}/{built.get('architecture')}"
+    if found != wanted:
+        raise signing.SigningError(f"{ref} refused: it is one {found} image, not an index holding {wanted}")
 
 
 def _verified_attachment(ref: reference.Reference, subject: str, policy: Path, signatures: str, folder: Path) -> dict:

@@ -91,12 +91,15 @@ def rootfs(client):
 
 @pytest.fixture(scope="session")
 def inline_build(client):
-    """Factory: build the Dockerfile text as tag from a throwaway context holding files ({name:
-    text, bytes, or a host file or folder copied in}); returns tag. The tests' small images (stand-in
+    """Factory: build the Dockerfile text as tag (for platform: a FROM-scratch image with no RUN
+    needs no emulator) from a throwaway context holding files ({name: text, bytes, or a host file
+    or folder copied in}); returns tag. The tests' small images (stand-in
     bases, deliberate leaks, label-only layers) are all built this way, through the product's own
     streamed build (docker_build.build: a failure is BuildFailed with the step's log)."""
 
-    def make(dockerfile: str, tag: str, buildargs: dict | None = None, files: dict | None = None) -> str:
+    def make(
+        dockerfile: str, tag: str, buildargs: dict | None = None, files: dict | None = None, platform: str | None = None
+    ) -> str:
         with tempfile.TemporaryDirectory() as ctx:
             (Path(ctx) / "Dockerfile").write_text(dockerfile)
             for name, content in (files or {}).items():
@@ -106,9 +109,10 @@ def inline_build(client):
                     (shutil.copytree if content.is_dir() else shutil.copy)(content, dest)
                 else:
                     (dest.write_bytes if isinstance(content, bytes) else dest.write_text)(content)
-            build(
-                client, BuildSpec(dockerfile="Dockerfile", tag=tag, context=Path(ctx), buildargs=buildargs or {}), log
+            spec = BuildSpec(
+                dockerfile="Dockerfile", tag=tag, context=Path(ctx), buildargs=buildargs or {}, platform=platform
             )
+            build(client, spec, log)
         return tag
 
     return make

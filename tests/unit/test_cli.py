@@ -176,3 +176,21 @@ def test_python_sources_pass_ruff_lint_and_format():
     for args in (["check", "--no-cache", "."], ["format", "--check", "--no-cache", "."]):
         r = subprocess.run([str(ruff), *args], cwd=ROOT, capture_output=True, text=True)
         assert r.returncode == 0, f"ruff {' '.join(args)}:\n{r.stdout}{r.stderr}"
+
+
+@pytest.mark.parametrize(
+    "args, code, message",
+    [
+        (["xeon6", "--platform", "linux/riscv64"], 2, "unknown platform 'linux/riscv64'; known platforms: "),
+        (["gaudi2", "--platform", "linux/arm64"], 2, "gaudi2 is not built for linux/arm64: its base is published for"),
+        (
+            ["xeon6", "--image", "x:1", "--platform", "linux/amd64,linux/arm64"],
+            2,
+            "--image names one platform's image; give one --platform",
+        ),
+    ],
+)
+def test_push_refuses_a_platform_in_one_line_before_the_registry_is_asked(args, code, message):
+    run = cli("push", *args, "--registry", "127.0.0.1:1/ns")
+    assert run.returncode == code and run.stderr.count("\n") == 1, run.stderr
+    assert run.stderr.startswith(f"error: {message}") and run.stdout == ""

@@ -173,3 +173,47 @@ def test_a_recorded_image_id_is_exact_whatever_the_dates(gate):
     old = time.mktime(time.strptime("2025-06-01", "%Y-%m-%d"))
     os.utime(path, (old, old))
     assert check() is None
+
+
+# -- several platforms under one tag (the real push, index and verify: test_multiplatform_push.py) --
+
+
+def part(platform, revision=SHA, source=None):
+    return publish.Part(platform, source or f"img-{platform}", FakeImage(revision=revision))
+
+
+def test_one_platform_keeps_the_local_tag_suffix_and_writes_no_index():
+    (arm,) = (release := publish.plan_release(M, "xeon6", [part("linux/arm64")], True, False)).parts
+    assert not release.multi and release.tags == []
+    assert arm.tags == ["xeon6-v0.30.0-arm64", "xeon6-v0.30.0-0123456-arm64", "xeon6-arm64"]
+    (amd,) = publish.plan_release(M, "xeon6", [part("linux/amd64")], False, False).parts
+    assert amd.tags == ["xeon6-v0.30.0", "xeon6-v0.30.0-0123456"]
+
+
+def test_two_platforms_get_arch_tags_and_the_target_tags_go_to_the_index():
+    release = publish.plan_release(M, "xeon6", [part("linux/amd64"), part("linux/arm64")], True, False)
+    assert release.multi and release.revision == SHA
+    assert release.tags == ["xeon6-v0.30.0", "xeon6-v0.30.0-0123456", "xeon6"]
+    assert [p.tags for p in release.parts] == [
+        ["xeon6-v0.30.0-amd64", "xeon6-v0.30.0-0123456-amd64"],
+        ["xeon6-v0.30.0-arm64", "xeon6-v0.30.0-0123456-arm64"],
+    ]
+
+
+def test_an_index_of_two_commits_is_refused():
+    parts = [part("linux/amd64"), part("linux/arm64", revision="f" * 40)]
+    with pytest.raises(publish.PushError, match="one index must hold images of one commit, but img-linux/amd64"):
+        publish.plan_release(M, "xeon6", parts, False, False)
+
+
+def test_the_index_is_the_same_bytes_for_the_same_images():
+    from gemma4_images.publish import index
+
+    d = [
+        {"mediaType": "m", "digest": "sha256:" + "a" * 64, "size": 1, "platform": index.platform_object("linux/arm64")}
+    ]
+    assert index.body(d, SHA) == index.body(json.loads(json.dumps(d)), SHA)
+    held = json.loads(index.body(d, SHA))
+    assert held["mediaType"] == index.OCI_INDEX and held["annotations"] == {index.REVISION: SHA}
+    assert held["manifests"][0]["platform"] == {"architecture": "arm64", "os": "linux", "variant": "v8"}
+    assert index.platform_object("linux/amd64") == {"architecture": "amd64", "os": "linux"}

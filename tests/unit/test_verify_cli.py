@@ -7,6 +7,7 @@ import os
 import pytest
 
 from gemma4_images.check.server import free_port
+from gemma4_images.publish import signing
 from tests.cli import build_py
 
 
@@ -57,3 +58,46 @@ def test_no_skopeo_is_named_with_the_fix(key, tmp_path):
     assert one_line(verify("127.0.0.1:5000/ml/gemma4-e2b:x", "--key", key, env=env), 1) == (
         "error: skopeo is not installed: `apt-get install skopeo` (scripts/setup-host.sh)"
     )
+
+
+def _policy(docker: dict, default=None) -> dict:
+    return {"default": default or [{"type": "reject"}], "transports": {"docker": docker}}
+
+
+def signed_by(path):
+    return [{"type": "signedBy", "keyType": "GPGKeys", "keyPath": path}]
+
+
+REF = "127.0.0.1:5000/ml/gemma4-e2b:xeon6-v0.30.0"
+
+
+@pytest.mark.parametrize(
+    "scopes, expected",
+    [
+        ({REF: signed_by("/exact"), "127.0.0.1:5000/ml/gemma4-e2b": signed_by("/repo")}, ["/exact"]),
+        ({"127.0.0.1:5000/ml/gemma4-e2b": signed_by("/repo"), "127.0.0.1:5000/ml": signed_by("/ns")}, ["/repo"]),
+        ({"127.0.0.1:5000/ml": signed_by("/ns"), "127.0.0.1:5000": signed_by("/host")}, ["/ns"]),
+        ({"127.0.0.1:5000": signed_by("/host"), "": signed_by("/transport")}, ["/host"]),
+        ({"": signed_by("/transport")}, ["/transport"]),
+        ({"other.example/x": signed_by("/other")}, []),  # the default (reject) applies: skopeo refuses
+        ({REF: [{"type": "insecureAcceptAnything"}], "127.0.0.1:5000": signed_by("/host")}, []),
+        ({REF: [{"type": "signedBy", "keyType": "GPGKeys", "keyPaths": ["/a", "/b"]}]}, ["/a", "/b"]),
+    ],
+)
+def test_the_index_is_checked_with_the_keys_of_the_most_specific_scope(scopes, expected, tmp_path):
+    """containers-policy.json(5)'s precedence, as skopeo applies it to the platform's image."""
+    keys = signing.required_keys(_policy(scopes), REF, tmp_path)
+    assert [str(k) for k in keys] == expected
+
+
+def test_key_data_in_the_policy_is_written_out_to_check_with(tmp_path):
+    import base64
+
+    policy = _policy({REF: [{"type": "signedBy", "keyType": "GPGKeys", "keyData": base64.b64encode(b"KEY").decode()}]})
+    (key,) = signing.required_keys(policy, REF, tmp_path)
+    assert key.read_bytes() == b"KEY" and key.parent == tmp_path
+
+
+def test_an_unknown_platform_is_a_usage_error(key):
+    run = verify(REF, "--key", key, "--platform", "linux/riscv64")
+    assert one_line(run, 2) == "error: unknown platform 'linux/riscv64'; known platforms: linux/amd64, linux/arm64"

@@ -1,0 +1,357 @@
+"""Two platforms under one tag: push writes an OCI image index over each platform's image, each
+image with its own attachments and signatures and the index signed; verify checks the platform a
+pipeline asks for; the engine pulls each platform back by the index digest. On a real registry on
+this machine (local_registry.py) with skopeo and a throwaway GnuPG key.
+
+The images are FROM-scratch stand-ins built for linux/amd64 and linux/arm64 (a file saying which,
+a revision label; no RUN, so no emulator), not serving images: what is under test is the index,
+its signatures and the per-platform choice. The real xeon6 images for both platforms go through
+the same push in the linux/arm64 tier (test_arm64.py). The attached documents are small stand-ins."""
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import local_registry
+import pytest
+from test_signing import make_key
+
+from gemma4_images.build import registry as registry_api
+from gemma4_images.check.smoke import Check, Report
+from gemma4_images.publish import attach, index, publish, signing, verify
+from gemma4_images.spec.matrix import MatrixError
+from tests.cli import build_py
+
+pytestmark = pytest.mark.integration
+TARGET = "xeon6"
+REVISION = "fedcba9876543210fedcba9876543210fedcba98"
+PLATFORMS = {"linux/amd64": TARGET, "linux/arm64": f"{TARGET}-arm64"}  # platform -> its reports' key
+DOCKERFILE = """\
+FROM scratch
+COPY probe /probe
+LABEL io.gemma4-images.test="multi-platform stand-in" org.opencontainers.image.revision="{revision}"
+"""
+
+
+@pytest.fixture(scope="module")
+def images(inline_build):
+    """{platform: tag} of the stand-ins; probe says the platform."""
+    return {
+        p: inline_build(
+            DOCKERFILE.format(revision=REVISION),
+            f"gemma4-e2b-test/multi:{p.split('/')[1]}",
+            files={"probe": f"built for {p}\n"},
+            platform=p,
+        )
+        for p in PLATFORMS
+    }
+
+
+@pytest.fixture(scope="module")
+def keys():
+    with tempfile.TemporaryDirectory() as root:
+        root = Path(root)
+        fpr, public = make_key(root / "signer", "signer")
+        before = os.environ.get("GNUPGHOME")
+        os.environ["GNUPGHOME"] = str(root / "signer")
+        yield {"fpr": fpr, "public": public}
+        subprocess.run(["gpgconf", "--kill", "gpg-agent"])  # the agent gpg started for this home
+        if before is None:
+            os.environ.pop("GNUPGHOME")
+        else:
+            os.environ["GNUPGHOME"] = before
+
+
+def write_reports(folder: Path, images: dict, platforms=PLATFORMS) -> Path:
+    """A passing smoke report per platform, and stand-in SBOM and provenance documents that name
+    their platform (so an attachment on the wrong image shows)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for p in platforms:
+        key = PLATFORMS[p]
+        Report(target=TARGET, image=images[p], model="tiny", checks=[Check("ready")]).write(
+            folder / f"smoke-{key}.json"
+        )
+        sbom = {"bomFormat": "CycloneDX", "specVersion": "1.6", "metadata": {"component": {"name": f"stand-in {p}"}}}
+        (folder / f"sbom-{key}.cdx.json").write_text(json.dumps(sbom) + "\n")
+        statement = {"_type": "https://in-toto.io/Statement/v1", "subject": [], "predicateType": f"stand-in {p}"}
+        (folder / f"provenance-{key}.intoto.json").write_text(json.dumps(statement) + "\n")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def release(client, m, images, keys):
+    """The two-platform push, signed: (registry root, host, the index entry, reports folder)."""
+    with tempfile.TemporaryDirectory() as root, local_registry.registry(Path(root), client) as host:
+        folder = write_reports(Path(root) / "reports", images)
+        logs = []
+        (entry,) = publish.push(
+            client,
+            m,
+            [TARGET],
+            f"{host}/gemma4-e2b-test",
+            sources={PLATFORMS[p]: tag for p, tag in images.items()},
+            reports_dir=folder,
+            sign_by=keys["fpr"],
+            log=logs.append,
+        )
+        print("\n".join(logs))
+        yield Path(root), host, entry, folder
+
+
+def version_ref(entry) -> str:
+    return f"{entry['repository']}:{entry['tags'][0]}"
+
+
+def per_platform(entry) -> dict:
+    return {e["platform"]: e for e in entry["platforms"]}
+
+
+def test_the_index_names_each_platform_image_and_every_part_is_attached_and_signed(client, images, release):
+    _, host, entry, folder = release
+    path = entry["repository"].split("/", 1)[1]
+    assert entry["media_type"] == index.OCI_INDEX
+    assert entry["tags"] == ["xeon6-v0.30.0", "xeon6-v0.30.0-fedcba9"]
+    parts = per_platform(entry)
+    assert list(parts) == list(PLATFORMS)
+    assert parts["linux/arm64"]["tags"] == ["xeon6-v0.30.0-arm64", "xeon6-v0.30.0-fedcba9-arm64"]
+    assert parts["linux/amd64"]["tags"] == ["xeon6-v0.30.0-amd64", "xeon6-v0.30.0-fedcba9-amd64"]
+
+    # What the registry holds under the target's tags is the index, naming each platform's push.
+    body, media_type = registry_api.get_manifest(host, path, entry["tags"][0])
+    assert media_type == index.OCI_INDEX and registry_api.sha256_digest(body) == entry["digest"]
+    held = json.loads(body)
+    assert [(d["platform"], d["digest"]) for d in held["manifests"]] == [
+        ({"architecture": "amd64", "os": "linux"}, parts["linux/amd64"]["digest"]),
+        ({"architecture": "arm64", "os": "linux", "variant": "v8"}, parts["linux/arm64"]["digest"]),
+    ]
+    assert held["annotations"] == {index.REVISION: REVISION}
+
+    # Each platform's attachments are its own reports, attached to its own manifest.
+    for p, part in parts.items():
+        assert part["image_id"] == client.images.get(images[p]).id
+        for item in part["attachments"]:
+            manifest, data = attach.fetch(host, path, item["tag"])
+            assert manifest["subject"]["digest"] == part["digest"]
+            assert data == (folder / Path(item["file"]).name).read_bytes() and p.encode() in data
+        assert len(part["attachments"]) == 2
+        # signed under its own tags and its attachments' tags...
+        assert {s["identity"] for s in part["signatures"]} == {
+            f"{entry['repository']}:{t}" for t in part["tags"] + [a["tag"] for a in part["attachments"]]
+        }
+    # ... and the index under the target's tags (skopeo signs each platform's manifest with it).
+    assert {s["identity"] for s in entry["signatures"]} == {f"{entry['repository']}:{t}" for t in entry["tags"]}
+    for p, part in parts.items():
+        folder_of = folder / "signatures" / f"{path}@{part['digest'].replace(':', '=')}"
+        assert len(list(folder_of.glob("signature-*"))) == len(part["tags"]) + len(entry["tags"]), p
+    assert publish.pushed_ref(TARGET, folder) == f"{entry['repository']}@{entry['digest']}"
+
+
+def test_each_platform_pulls_its_own_image_by_the_index_digest(client, images, release):
+    _, host, entry, _ = release
+    by_digest = f"{entry['repository']}@{entry['digest']}"
+    for p, tag in images.items():
+        # Docker 20.10 keeps one image per reference: the other platform's pull must go first.
+        local_registry.forget(client, host)
+        client.api.pull(by_digest, platform=p)
+        pulled = client.images.get(by_digest)
+        print(f"pull --platform {p} {by_digest}: {pulled.id} {pulled.attrs['Architecture']}")
+        assert pulled.id == client.images.get(tag).id and p == f"linux/{pulled.attrs['Architecture']}"
+    local_registry.forget(client, host)
+
+
+def test_verify_checks_and_hands_over_the_platform_asked_for(release, keys, tmp_path):
+    _, _, entry, folder = release
+    parts = per_platform(entry)
+    for p in PLATFORMS:
+        out = tmp_path / p.replace("/", "-")
+        result = verify.verify(
+            version_ref(entry),
+            key=keys["public"],
+            signatures=str(folder / "signatures"),
+            attachments_dir=out,
+            require_attachments=True,
+            platform=p,
+            log=print,
+        )
+        assert (result["digest"], result["index"], result["platform"]) == (parts[p]["digest"], entry["digest"], p)
+        assert sorted(f.name for f in out.iterdir()) == sorted(Path(a["file"]).name for a in parts[p]["attachments"])
+        assert all(p in f.read_text() for f in out.iterdir())
+
+    run = build_py(
+        "verify",
+        version_ref(entry),
+        "--key",
+        str(keys["public"]),
+        "--signatures",
+        str(folder / "signatures"),
+        "--platform",
+        "linux/arm64",
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == (
+        f"verified {entry['repository']}:{entry['tags'][0]}@{entry['digest']} "
+        f"(linux/arm64: {entry['repository']}:{entry['tags'][0]}@{parts['linux/arm64']['digest']})"
+    )
+
+
+def _verify(entry, keys, folder, platform):
+    return verify.verify(
+        version_ref(entry), key=keys["public"], signatures=str(folder / "signatures"), platform=platform
+    )
+
+
+def test_a_tampered_platform_manifest_is_refused_and_the_other_platform_still_verifies(release, keys):
+    root, _, entry, folder = release
+    arm = per_platform(entry)["linux/arm64"]["digest"]
+    hexd = arm.partition(":")[2]
+    stored = root / "data/docker/registry/v2/blobs/sha256" / hexd[:2] / hexd / "data"
+    original = stored.read_bytes()
+    # The registry's copy of the arm64 manifest now says another config size: other bytes, same name.
+    tampered = original.replace(b'"size": ', b'"size": 1', 1)
+    assert tampered != original
+    stored.write_bytes(tampered)
+    try:
+        with pytest.raises(signing.SigningError, match=f"Manifest does not match provided manifest digest {arm}"):
+            _verify(entry, keys, folder, "linux/arm64")
+        assert _verify(entry, keys, folder, "linux/amd64")["platform"] == "linux/amd64"
+    finally:
+        stored.write_bytes(original)
+    assert _verify(entry, keys, folder, "linux/arm64")["digest"] == arm
+
+
+def test_a_platform_without_its_own_signature_is_refused_though_the_index_is_signed(release, keys, tmp_path):
+    """The index's signature alone does not clear a platform: a pull by the tag checks both."""
+    _, _, entry, folder = release
+    path = entry["repository"].split("/", 1)[1]
+    arm = per_platform(entry)["linux/arm64"]["digest"]
+    signed = folder / "signatures" / f"{path}@{arm.replace(':', '=')}"
+    shutil.move(signed, tmp_path / "kept")
+    try:
+        with pytest.raises(signing.SigningError, match="A signature was required, but no signature exists"):
+            _verify(entry, keys, folder, "linux/arm64")
+        assert _verify(entry, keys, folder, "linux/amd64")["platform"] == "linux/amd64"
+    finally:
+        shutil.move(tmp_path / "kept", signed)
+
+
+def test_an_index_repointed_without_the_key_is_refused(release, keys):
+    """Someone with write access to the registry swaps the platforms' places under the signed tag."""
+    _, host, entry, folder = release
+    path = entry["repository"].split("/", 1)[1]
+    original, _ = registry_api.get_manifest(host, path, entry["digest"])
+    held = json.loads(original)
+    swapped = [{**d, "platform": other["platform"]} for d, other in zip(held["manifests"], held["manifests"][::-1])]
+    forged = index.body(swapped, REVISION)
+    index.put(host, path, entry["tags"][0], forged)
+    try:
+        for p in PLATFORMS:
+            with pytest.raises(signing.SigningError, match="signature"):
+                _verify(entry, keys, folder, p)
+    finally:
+        index.put(host, path, entry["tags"][0], original)
+    assert _verify(entry, keys, folder, "linux/amd64")["index"] == entry["digest"]
+
+
+def test_the_registry_stores_no_index_naming_a_manifest_it_lacks(release):
+    _, host, entry, _ = release
+    path = entry["repository"].split("/", 1)[1]
+    held = json.loads(registry_api.get_manifest(host, path, entry["digest"])[0])
+    missing = [{**held["manifests"][0], "digest": "sha256:" + "0" * 64}]
+    with pytest.raises(registry_api.RegistryError, match="400"):
+        index.put(host, path, "dangling", index.body(missing, REVISION))
+
+
+def test_pushing_the_same_images_again_stores_and_signs_nothing_new(client, m, images, keys, release):
+    _, host, entry, folder = release
+    logs = []
+    (again,) = publish.push(
+        client,
+        m,
+        [TARGET],
+        f"{host}/gemma4-e2b-test",
+        sources={PLATFORMS[p]: tag for p, tag in images.items()},
+        reports_dir=folder,
+        sign_by=keys["fpr"],
+        log=logs.append,
+    )
+    assert again["digest"] == entry["digest"] and again["pushed"] == [] and again["already_present"] == entry["tags"]
+    # (The pull test forgot the engine's record of these pushes, so it may push them again: same digests.)
+    assert [e["digest"] for e in again["platforms"]] == [e["digest"] for e in entry["platforms"]]
+    assert not [line for line in logs if line.startswith("signed ")], logs
+
+
+def test_verify_platform_on_a_single_image_is_refused_unless_it_is_that_platform(client, m, images, keys, tmp_path):
+    with local_registry.registry(tmp_path, client) as host:
+        folder = write_reports(tmp_path / "reports", images, platforms=["linux/amd64"])
+        (entry,) = publish.push(
+            client,
+            m,
+            [TARGET],
+            f"{host}/gemma4-e2b-test",
+            platforms_wanted=["linux/amd64"],
+            sources={TARGET: images["linux/amd64"]},
+            reports_dir=folder,
+            sign_by=keys["fpr"],
+            log=print,
+        )
+        assert "platforms" not in entry and entry["tags"] == ["xeon6-v0.30.0", "xeon6-v0.30.0-fedcba9"]
+        assert _verify(entry, keys, folder, "linux/amd64")["index"] is None
+        with pytest.raises(signing.SigningError) as refused:
+            _verify(entry, keys, folder, "linux/arm64")
+        assert str(refused.value) == (
+            f"{version_ref(entry)} refused: it is one linux/amd64 image, not an index holding linux/arm64"
+        )
+
+
+def _nothing_pushed(host):
+    with registry_api._request(host, "/v2/_catalog", "GET", "registry:catalog:*", 10) as r:
+        return json.load(r)["repositories"] == []
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["platform the target lacks", "wrong architecture", "two commits", "no arm64 smoke report"],
+)
+def test_refused_in_one_line_before_anything_is_pushed(client, m, images, inline_build, tmp_path, case):
+    with local_registry.registry(tmp_path, client) as host:
+        folder = write_reports(tmp_path / "reports", images)
+        sources = {PLATFORMS[p]: tag for p, tag in images.items()}
+        kw = {}
+        if case == "platform the target lacks":
+            kw = {"platforms_wanted": ["linux/arm64"]}
+            with pytest.raises(MatrixError, match=r"^gaudi2 is not built for linux/arm64: its base is published for"):
+                publish.push(client, m, ["gaudi2"], f"{host}/t", reports_dir=folder, **kw)
+            assert _nothing_pushed(host)
+            return
+        if case == "wrong architecture":
+            sources[PLATFORMS["linux/arm64"]] = images["linux/amd64"]
+            expected = f"{images['linux/amd64']} is a linux/amd64 image, not linux/arm64; give the linux/arm64 image"
+        elif case == "two commits":
+            other = inline_build(
+                DOCKERFILE.format(revision="0" * 40),
+                "gemma4-e2b-test/multi:arm64-other-commit",
+                files={"probe": "other\n"},
+                platform="linux/arm64",
+            )
+            sources[PLATFORMS["linux/arm64"]] = other
+            Report(target=TARGET, image=other, model="tiny", checks=[Check("ready")]).write(
+                folder / "smoke-xeon6-arm64.json"
+            )
+            expected = (
+                f"xeon6: one index must hold images of one commit, but {images['linux/amd64']} from fedcba9, "
+                f"{other} from 0000000; rebuild them from the same commit"
+            )
+        else:
+            (folder / "smoke-xeon6-arm64.json").unlink()
+            expected = (
+                f"refusing to push {images['linux/arm64']}: no smoke report for xeon6 "
+                f"({folder}/smoke-xeon6-arm64.json); "
+                "run `python build.py smoke xeon6 --platform linux/arm64` first (or pass --skip-smoke)"
+            )
+        with pytest.raises(publish.PushError) as refused:
+            publish.push(client, m, [TARGET], f"{host}/t", sources=sources, reports_dir=folder, **kw)
+        assert str(refused.value) == expected
+        assert _nothing_pushed(host) and not (folder / "pushed.json").exists()
