@@ -348,17 +348,28 @@ def pin_cmd(targets, check, path):
     results = pin.resolve(pin.bases(m, names))
     for r in results:
         click.echo(r.line())
+    mismatched = pin.disagreements(m, names, results)
+    for line in mismatched:
+        click.echo(line)
     unresolved = [r for r in results if r.state in ("error", "missing")]
     if check:
         off = [r.state for r in results if r.state != "ok"]
+        problems = []
         if off:
             counts = ", ".join(
                 f"{n} {state}" for state in ("moved", "unpinned", "missing", "error") if (n := off.count(state))
             )
-            fail(
+            problems.append(
                 f"{len(off)} of {len(results)} bases are not pinned at the registry's digest ({counts}); "
                 "check the new images, then run `python build.py pin` to pin them"
             )
+        if mismatched:
+            problems.append(
+                f"{len(mismatched)} platform(s) where a vendor's multi-platform tag and its per-platform tag "
+                "name different images (MISMATCH above); find out which one the vendor meant before building"
+            )
+        if problems:
+            fail("; ".join(problems))
         return
     changed = pin.write(path, {r.base.image: r.digest for r in results if r.state in ("moved", "unpinned")})
     click.echo(

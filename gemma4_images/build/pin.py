@@ -32,6 +32,7 @@ class Result:
     base: Base
     digest: str | None = None
     error: str | None = None
+    platforms: dict[str, str] | None = None  # when the tag is an index: {os/arch: manifest digest}
 
     @property
     def state(self) -> str:
@@ -52,30 +53,61 @@ class Result:
             "missing": "the registry has no such tag",
             "error": f"cannot resolve: {self.error}",
         }[self.state]
+        if self.platforms:
+            text += "; an index of " + ", ".join(f"{p} {d}" for p, d in self.platforms.items())
         return f"{self.state.upper():<9} {b.image} ({', '.join(b.targets)}): {text}"
 
 
 def bases(matrix: matrix_mod.Matrix, names: list[str]) -> list[Base]:
-    """Every registry image the named targets build on, once each: their bases and Gaudi's stage-1
-    image. A base that stage 1 builds here has no registry digest to pin."""
+    """Every registry image the named targets build on, once each: their bases (each platform's:
+    `xeon6 linux/arm64`) and Gaudi's stage-1 image. A base that stage 1 builds here has no
+    registry digest to pin."""
     found: dict[str, Base] = {}
     for name in names:
         t = matrix.targets[name]
-        images = [t.stage1] if t.stage1 else [t.base]
-        for img in images:
+        images = [(name, t.stage1)] if t.stage1 else [(name, t.base)]
+        images += [(f"{name} {p}", img) for p, img in t.base.platforms.items()]
+        for label, img in images:
             entry = found.setdefault(img.image, Base(img.image, img.digest, []))
-            entry.targets.append(name)
+            entry.targets.append(label)
     return list(found.values())
 
 
 def resolve(entries: list[Base]) -> list[Result]:
+    """Each base's registry digest; for a tag that is an index (a vendor's multi-platform tag),
+    also the manifest it names for each platform."""
     results = []
     for base in entries:
+        image = reference.Reference.split(base.image)
         try:
-            results.append(Result(base, registry.digest_of(base.image)))
+            digest = registry.digest_of(base.image)
+            held = registry.platform_manifests(image.host, image.repository, digest)[1] if digest else None
+            results.append(Result(base, digest, platforms=held))
         except registry.RegistryError as e:
             results.append(Result(base, error=str(e)))
     return results
+
+
+def disagreements(matrix: matrix_mod.Matrix, names: list[str], results: list[Result]) -> list[str]:
+    """Where a target's base tag is an index whose entry for one of the target's other platforms is
+    not the manifest that platform's own tag has: the vendor's two tags disagree, so a pull by
+    the plain tag and the build's pull by the per-platform tag would get different images (vLLM
+    joins its per-architecture tags into the plain tag: targets.yaml's &vllm_release_images)."""
+    by_image = {r.base.image: r for r in results}
+    lines = []
+    for name in names:
+        t = matrix.targets[name]
+        joined = by_image.get(t.base.image)
+        for p, img in t.base.platforms.items():
+            own = by_image.get(img.image)
+            if not (joined and joined.platforms and own and own.digest) or p not in joined.platforms:
+                continue
+            if joined.platforms[p] != own.digest:
+                lines.append(
+                    f"MISMATCH  {name} {p}: the index {t.base.image} names {joined.platforms[p]}, "
+                    f"but {img.image} has {own.digest}"
+                )
+    return lines
 
 
 def write(path: Path, digests: dict[str, str], today: str | None = None) -> list[str]:
@@ -111,7 +143,10 @@ def write(path: Path, digests: dict[str, str], today: str | None = None) -> list
         loaded = matrix_mod.load(tmp)
         for image, digest in digests.items():
             got = {
-                img.digest for t in loaded.targets.values() for img in (t.base, t.stage1) if img and img.image == image
+                img.digest
+                for t in loaded.targets.values()
+                for img in (t.base, t.stage1, *t.base.platforms.values())
+                if img and img.image == image
             }
             if got != {digest}:
                 raise PinError(

@@ -18,10 +18,10 @@ from gemma4_images.spec.reference import DOCKER_HUB, Reference
 
 # What a HEAD on a tag may answer with: the daemon pushes Docker v2 manifests, other tools OCI;
 # multi-platform tags are indexes (their digest is what `docker pull` records for the tag).
+INDEX_TYPES = ("application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json")
 MANIFEST_TYPES = ", ".join(
     [
-        "application/vnd.oci.image.index.v1+json",
-        "application/vnd.docker.distribution.manifest.list.v2+json",
+        *INDEX_TYPES,
         "application/vnd.oci.image.manifest.v1+json",
         "application/vnd.docker.distribution.manifest.v2+json",
     ]
@@ -237,3 +237,16 @@ def get_blob(host: str, repository: str, digest: str, timeout: float = 60) -> by
     if sha256_digest(data) != digest:
         raise RegistryError(f"{host}/{repository}: blob {digest} came back with other bytes")
     return data
+
+
+def platform_manifests(host: str, repository: str, ref: str) -> tuple[bytes, dict[str, str] | None]:
+    """The manifest bytes at ref and, when they are an index (a multi-platform tag), {os/arch:
+    manifest digest} of its entries; None for one image."""
+    data, media_type = get_manifest(host, repository, ref)
+    if media_type not in INDEX_TYPES:
+        return data, None
+    found = {}
+    for entry in json.loads(data).get("manifests") or []:
+        p = entry.get("platform") or {}
+        found[f"{p.get('os')}/{p.get('architecture')}"] = entry["digest"]
+    return data, found

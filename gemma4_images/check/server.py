@@ -60,7 +60,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def http(method: str, url: str, body=None, raw: bytes | None = None, timeout=120) -> tuple[int, object]:
+REQUEST_TIMEOUT_S = 120  # what a check waits for one answer from a server running natively
+
+
+def http(
+    method: str, url: str, body=None, raw: bytes | None = None, timeout: float = REQUEST_TIMEOUT_S
+) -> tuple[int, object]:
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
     req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
     try:
@@ -130,6 +135,18 @@ def _architecture(image: str) -> str:
     import docker
 
     return docker.from_env().images.get(image).attrs.get("Architecture", "")
+
+
+# A server under emulation answers slower by about what its start-up shows: 12.7x measured for the
+# arm64 tier's start-up to /health under qemu 10 (BENCHMARKS.md, "linux/arm64 under qemu"); and its
+# first sampled request compiles vLLM's CPU sampler with gcc, itself emulated.
+EMULATED_SLOWDOWN = 15
+
+
+def request_timeout(image: str) -> float:
+    """How long a check waits for one answer from a server of image on this host."""
+    emulated = bool(emulation.serve_env(_architecture(image)))  # the emulated CPU is set: not native
+    return REQUEST_TIMEOUT_S * (EMULATED_SLOWDOWN if emulated else 1)
 
 
 def compile_cache_dir(target: str, image_id: str, user: str | None) -> Path | None:

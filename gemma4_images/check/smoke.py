@@ -89,8 +89,15 @@ class Checks(SamplingChecks):
 
     expect = staticmethod(expect)
 
-    def __init__(self, url: str, model: str, launch: list[str] = (), script: list | None = None):
-        self.url, self.model = url, model
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        launch: list[str] = (),
+        script: list | None = None,
+        timeout: float = server.REQUEST_TIMEOUT_S,
+    ):
+        self.url, self.model, self.timeout = url, model, timeout
         # Which modalities the launch accepts (vLLM's default when --limit-mm-per-prompt omits one).
         self.limits = gemma4_serve.mm_limits(list(launch))
         self.script = {ex.name: ex for ex in script or []}
@@ -109,7 +116,7 @@ class Checks(SamplingChecks):
         return body
 
     def post(self, path, body=None, raw=None):
-        return http("POST", self.url + path, body, raw)
+        return http("POST", self.url + path, body, raw, timeout=self.timeout)
 
     def chat_body(self, **extra):
         return {
@@ -125,7 +132,7 @@ class Checks(SamplingChecks):
         expect(status == 200, "the next good request to succeed (200)", f"{status} {body}")
 
     def ready(self):
-        status, body = http("GET", self.url + "/v1/models")
+        status, body = http("GET", self.url + "/v1/models", timeout=self.timeout)
         ids = [m.get("id") for m in body.get("data", [])] if isinstance(body, dict) else body
         expect(status == 200 and self.model in ids, f"/v1/models to list {self.model}", f"{status} {ids}")
 
@@ -159,7 +166,7 @@ class Checks(SamplingChecks):
             data=json.dumps({**body, "stream": True}).encode(),
             headers={"Content-Type": "application/json"},
         )
-        with urllib.request.urlopen(req, timeout=120) as r:
+        with urllib.request.urlopen(req, timeout=self.timeout) as r:
             events = [line[6:] for line in r.read().decode().splitlines() if line.startswith("data: ")]
         expect(len(events) >= 3 and events[-1] == "[DONE]", "several SSE chunks ending in [DONE]", events[-3:])
         joined = "".join(
@@ -514,7 +521,7 @@ def run_checks(client, matrix, target, image, srv, report, script=None, url=None
     for line in printed.strip().splitlines():  # the launch, after any `export` the entrypoint adds
         log(f"serving: {line}")
     launch = shlex.split(printed)
-    checks = Checks(url or srv.url, srv.served, launch, script)
+    checks = Checks(url or srv.url, srv.served, launch, script, timeout=server.request_timeout(image))
     special = {
         "image_facts": lambda: image_facts(client, matrix, target, image),
         "startup_log": lambda: startup_log(started),

@@ -19,7 +19,6 @@ from gemma4_images.build import registry as registry_api
 from gemma4_images.spec import platforms
 
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
-INDEX_TYPES = (OCI_INDEX, "application/vnd.docker.distribution.manifest.list.v2+json")
 REVISION = "org.opencontainers.image.revision"
 
 
@@ -51,15 +50,3 @@ def body(descriptors: list[dict], revision: str) -> bytes:
 
 def put(host: str, repository: str, tag: str, data: bytes) -> str:
     return registry_api.put_manifest(host, repository, tag, data, OCI_INDEX)
-
-
-def platforms_in(host: str, repository: str, ref: str) -> tuple[bytes, dict[str, str] | None]:
-    """The manifest bytes at ref and, when they are an index, {platform name: manifest digest}."""
-    data, media_type = registry_api.get_manifest(host, repository, ref)
-    if media_type not in INDEX_TYPES:
-        return data, None
-    found = {}
-    for entry in json.loads(data).get("manifests") or []:
-        p = entry.get("platform") or {}
-        found[f"{p.get('os')}/{p.get('architecture')}"] = entry["digest"]
-    return data, found

@@ -4,6 +4,7 @@ every tag signed when a key is given (signing.py), all of it recorded in reports
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import time
@@ -280,17 +281,8 @@ def push(
                     )
         plan.append(plan_release(matrix, name, parts, moving_tag, allow_dirty))
     check_registry(reference.Reference.split(repo).host)
-    results, created = [], []
-    try:
-        for release in plan:
-            results.append(_push_release(client, release, repo, reports_dir, signer, log, created))
-    except (PushError, registry_api.RegistryError, signing.SigningError) as e:
-        _forget_created(client, created, results, repo)
-        raise e if isinstance(e, PushError) else PushError(str(e)) from None
-    finally:
-        if results:
-            record(results, Path(reports_dir) / PUSHED_FILE)
-    return results
+    steps = [functools.partial(_push_release, client, release, repo, reports_dir, signer, log) for release in plan]
+    return run_steps(client, steps, repo, reports_dir)
 
 
 def _push_release(client, release: Release, repo: str, reports_dir: Path, signer, log, created: list[str]) -> dict:
@@ -341,14 +333,20 @@ def _forget_created(client, created: list[str], results: list[dict], repo: str) 
 
 
 def push_plan(client, plan, repo: str, log, reports_dir: Path = Path("reports")) -> list[dict]:
-    """Push each (name, source, image, tags) of plan to repo; record every entry that reached the
-    registry in pushed.json, and on a failure remove the local registry tags this push made for
-    what did not get there."""
+    """Push each (name, source, image, tags) of plan to repo (run_steps)."""
+    steps = [functools.partial(_push_target, client, *item[:3], repo, item[3], log) for item in plan]
+    return run_steps(client, steps, repo, reports_dir)
+
+
+def run_steps(client, steps, repo: str, reports_dir: Path) -> list[dict]:
+    """Run each step (given the list it adds the local registry tags it makes to; returns the
+    entry of what reached the registry); record every entry in pushed.json, and on a failure
+    remove the local registry tags made for what did not get there."""
     results, created = [], []
     try:
-        for name, source, image, tags in plan:
-            results.append(_push_target(client, name, source, image, repo, tags, log, created))
-    except (PushError, registry_api.RegistryError) as e:
+        for step in steps:
+            results.append(step(created))
+    except (PushError, registry_api.RegistryError, signing.SigningError) as e:
         _forget_created(client, created, results, repo)
         raise e if isinstance(e, PushError) else PushError(str(e)) from None
     finally:

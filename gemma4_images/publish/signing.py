@@ -150,7 +150,7 @@ def signed_already(host: str, repository: str, tag: str, digest: str, key_fpr: s
     top = _verifying_signature(manifest, identity, key_fpr, _signature_dir(signatures, repository, digest))
     if top is None:
         return None
-    for instance in (index.platforms_in(host, repository, digest)[1] or {}).values():
+    for instance in (registry_api.platform_manifests(host, repository, digest)[1] or {}).values():
         body, _ = registry_api.get_manifest(host, repository, instance)
         if _verifying_signature(body, identity, key_fpr, _signature_dir(signatures, repository, instance)) is None:
             return None

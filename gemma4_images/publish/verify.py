@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 
 from gemma4_images.build import registry as registry_api
-from gemma4_images.publish import attach, index, signing
+from gemma4_images.publish import attach, signing
 from gemma4_images.spec import platforms, reference
 
 
@@ -103,7 +103,7 @@ def verify(
 
 def _platforms_held(host: str, repository: str, ref_part: str, ref: str) -> tuple[bytes, dict[str, str] | None]:
     try:
-        return index.platforms_in(host, repository, ref_part)
+        return registry_api.platform_manifests(host, repository, ref_part)
     except registry_api.RegistryError as e:
         raise signing.SigningError(f"cannot verify {ref}: {e}") from None
 

@@ -81,22 +81,29 @@ def write_reports(folder: Path, images: dict, platforms=PLATFORMS) -> Path:
     return folder
 
 
+def push_both(client, m, host, images, folder, keys, logs) -> dict:
+    """Both stand-ins pushed for xeon6 as its two platforms, signed; the index's entry."""
+    sources = {PLATFORMS[p]: tag for p, tag in images.items()}
+    (entry,) = publish.push(
+        client,
+        m,
+        [TARGET],
+        f"{host}/gemma4-e2b-test",
+        sources=sources,
+        reports_dir=folder,
+        sign_by=keys["fpr"],
+        log=logs.append,
+    )
+    return entry
+
+
 @pytest.fixture(scope="module")
 def release(client, m, images, keys):
     """The two-platform push, signed: (registry root, host, the index entry, reports folder)."""
     with tempfile.TemporaryDirectory() as root, local_registry.registry(Path(root), client) as host:
         folder = write_reports(Path(root) / "reports", images)
         logs = []
-        (entry,) = publish.push(
-            client,
-            m,
-            [TARGET],
-            f"{host}/gemma4-e2b-test",
-            sources={PLATFORMS[p]: tag for p, tag in images.items()},
-            reports_dir=folder,
-            sign_by=keys["fpr"],
-            log=logs.append,
-        )
+        entry = push_both(client, m, host, images, folder, keys, logs)
         print("\n".join(logs))
         yield Path(root), host, entry, folder
 
@@ -267,16 +274,7 @@ def test_the_registry_stores_no_index_naming_a_manifest_it_lacks(release):
 def test_pushing_the_same_images_again_stores_and_signs_nothing_new(client, m, images, keys, release):
     _, host, entry, folder = release
     logs = []
-    (again,) = publish.push(
-        client,
-        m,
-        [TARGET],
-        f"{host}/gemma4-e2b-test",
-        sources={PLATFORMS[p]: tag for p, tag in images.items()},
-        reports_dir=folder,
-        sign_by=keys["fpr"],
-        log=logs.append,
-    )
+    again = push_both(client, m, host, images, folder, keys, logs)
     assert again["digest"] == entry["digest"] and again["pushed"] == [] and again["already_present"] == entry["tags"]
     # (The pull test forgot the engine's record of these pushes, so it may push them again: same digests.)
     assert [e["digest"] for e in again["platforms"]] == [e["digest"] for e in entry["platforms"]]

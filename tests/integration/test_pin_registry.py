@@ -1,6 +1,10 @@
 """`build.py pin` against a real registry on 127.0.0.1: it records the digest the registry has for
 a base's tag, keeps the rest of targets.yaml as it was, `--check` names a tag whose digest moved,
-and a build then pulls exactly the pinned image (and labels it with that digest)."""
+and a build then pulls exactly the pinned image (and labels it with that digest).
+
+h100's base is published here as vLLM publishes it (targets.yaml's &vllm_release_images): an image
+per architecture (`-x86_64-cu129`, `-aarch64-cu129`) joined in an index under the plain tag. The
+arm64 image is a FROM-scratch stand-in (nothing runs it here)."""
 
 import difflib
 import tempfile
@@ -12,11 +16,14 @@ from docker.errors import ImageNotFound
 
 from gemma4_images.build import images
 from gemma4_images.build.docker_build import base_digest, local_image
+from gemma4_images.publish import index
 from gemma4_images.spec import facts, matrix
 from tests.cli import build_py
 
 pytestmark = pytest.mark.integration
 TAG = "vllm/vllm-openai:v0.30.0-cu129"  # h100's base; h200 shares it through a YAML anchor
+AMD64_TAG = "vllm/vllm-openai:v0.30.0-x86_64-cu129"
+ARM64_TAG = "vllm/vllm-openai:v0.30.0-aarch64-cu129"  # h100's and h200's linux/arm64 base
 DOCKERFILE = """\
 ARG BASE
 FROM ${BASE}
@@ -32,21 +39,45 @@ def host(client):
         yield host
 
 
+def push(client, ref: str) -> str:
+    digest = None
+    for chunk in client.api.push(ref.rsplit(":", 1)[0], tag=ref.rsplit(":", 1)[1], stream=True, decode=True):
+        assert "error" not in chunk, chunk
+        digest = (chunk.get("aux") or {}).get("Digest") or digest
+    return digest
+
+
 @pytest.fixture(scope="module")
-def publish_base(client, rootfs, host, inline_build):
-    """Factory: build a small image stamped `stamp` and push it as HOST/TAG; returns its digest."""
-    ref = f"{host}/{TAG}"
+def publish_arm64(client, host, inline_build):
+    """Factory: an arm64 stand-in marked `stamp` pushed as HOST/ARM64_TAG; returns its digest."""
 
     def publish(stamp: str) -> str:
-        inline_build(DOCKERFILE, ref, {"BASE": rootfs, "STAMP": stamp})
-        digest = None
-        for chunk in client.api.push(ref.rsplit(":", 1)[0], tag=ref.rsplit(":", 1)[1], stream=True, decode=True):
-            assert "error" not in chunk, chunk
-            digest = (chunk.get("aux") or {}).get("Digest") or digest
-        return digest
+        ref = f"{host}/{ARM64_TAG}"
+        dockerfile = 'FROM scratch\nCOPY probe /probe\nLABEL io.gemma4-images.test="pin"\n'
+        inline_build(dockerfile, ref, files={"probe": stamp}, platform="linux/arm64")
+        return push(client, ref)
+
+    return publish
+
+
+@pytest.fixture(scope="module")
+def publish_base(client, rootfs, host, inline_build, publish_arm64):
+    """Factory: build a small image stamped `stamp`, push it as HOST/AMD64_TAG, and store an index
+    of it and the arm64 stand-in as HOST/TAG; returns the index digest."""
+    arm64 = publish_arm64("arm64 first\n")
+    name = f"{host}/{TAG}".rsplit(":", 1)[0].split("/", 1)[1]
+
+    def publish(stamp: str) -> str:
+        inline_build(DOCKERFILE, f"{host}/{AMD64_TAG}", {"BASE": rootfs, "STAMP": stamp})
+        amd64 = push(client, f"{host}/{AMD64_TAG}")
+        entries = [
+            index.descriptor(host, name, amd64, "linux/amd64"),
+            index.descriptor(host, name, arm64, "linux/arm64"),
+        ]
+        return index.put(host, name, TAG.rsplit(":", 1)[1], index.body(entries, "0" * 40))
 
     yield publish
-    for img in client.images.list(name=ref.rsplit(":", 1)[0]):
+    for img in client.images.list(name=f"{host}/{TAG.split(':')[0]}"):
         client.images.remove(img.id, force=True)
 
 
@@ -55,7 +86,10 @@ def targets_file(host):
     """targets.yaml with h100's base moved to the test registry (everything else as committed)."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "targets.yaml"
-        path.write_text(matrix.TARGETS_FILE.read_text().replace(f"image: {TAG}\n", f"image: {host}/{TAG}\n"))
+        text = matrix.TARGETS_FILE.read_text()
+        for tag in (TAG, ARM64_TAG):
+            text = text.replace(f"image: {tag}\n", f"image: {host}/{tag}\n")
+        path.write_text(text)
         yield path
 
 
@@ -70,18 +104,28 @@ def pinned(publish_base, targets_file):
 
 def test_pin_records_the_registry_digest_and_nothing_else(host, targets_file, pinned):
     before, digest, run = pinned
-    assert "UNPINNED" not in run.stdout and "MOVED" in run.stdout  # the committed digest is another one
-    assert "pinned 1 base(s)" in run.stdout
+    # The committed default digest is another registry's; the arm64 one is not pinned in the commit.
+    assert "MOVED     " in run.stdout and f"UNPINNED  {host}/{ARM64_TAG} (h100 linux/arm64)" in run.stdout
+    assert "pinned 2 base(s)" in run.stdout  # the index under the plain tag, and the arm64 image's own tag
     changed = [
         line for line in difflib.ndiff(before.splitlines(), targets_file.read_text().splitlines()) if line[:1] in "+-"
     ]
-    assert len(changed) == 2, changed  # one digest line replaced, every comment kept
+    assert len(changed) == 4, changed  # two digest lines replaced, every comment kept
+    loaded = matrix.load(targets_file)
+    arm64 = loaded.targets["h100"].base.platforms["linux/arm64"].digest
     assert changed[0].startswith("-       digest: sha256:58fdb6bb")
     assert changed[1].startswith(f"+       digest: {digest}  # pinned by `build.py pin` from {host} on ")
-    loaded = matrix.load(targets_file)
+    assert changed[2] == "-           digest: null"
+    assert changed[3].startswith(f"+           digest: {arm64}  # pinned by `build.py pin` from {host} on ")
     assert loaded.targets["h100"].base.digest == loaded.targets["h200"].base.digest == digest
+    assert loaded.targets["h200"].base.platforms["linux/arm64"].digest == arm64
     check = build_py("pin", "h100", "--check", "--file", str(targets_file))
-    assert check.returncode == 0 and check.stdout.startswith(f"OK        {host}/{TAG} (h100): pinned at {digest}")
+    assert check.returncode == 0, check.stderr
+    lines = check.stdout.splitlines()
+    # What the index names for each platform is shown; its arm64 entry is the arm64 tag's image.
+    assert lines[0].startswith(f"OK        {host}/{TAG} (h100): pinned at {digest}; an index of linux/amd64 sha256:")
+    assert lines[0].endswith(f", linux/arm64 {arm64}")
+    assert lines[1] == f"OK        {host}/{ARM64_TAG} (h100 linux/arm64): pinned at {arm64}"
 
 
 def test_check_names_a_tag_whose_digest_moved_and_changes_nothing(publish_base, host, targets_file, pinned):
@@ -92,7 +136,7 @@ def test_check_names_a_tag_whose_digest_moved_and_changes_nothing(publish_base, 
     run = build_py("pin", "h100", "--check", "--file", str(targets_file))
     assert run.returncode == 1
     assert f"MOVED     {host}/{TAG} (h100): targets.yaml has {first}, the registry now has {second}" in run.stdout
-    assert "1 of 1 bases are not pinned at the registry's digest (1 moved)" in run.stderr
+    assert "1 of 2 bases are not pinned at the registry's digest (1 moved)" in run.stderr
     assert targets_file.read_text() == pinned_text
 
 
@@ -113,3 +157,20 @@ def test_a_build_pulls_the_pinned_digest_and_labels_it(client, host, targets_fil
     digest = base_digest(pulled, base)
     assert digest == first
     assert facts.facts(m, "h100", base, digest)["GEMMA4_BASE_DIGEST"] == first  # -> base.digest label
+
+
+def test_check_names_a_platform_tag_that_the_index_does_not_name(publish_arm64, host, targets_file, pinned):
+    """The vendor moves its arm64 tag but not the plain tag's index: a pull by the plain tag and the
+    arm64 build's pull would get different images. (Last in this module: it moves the arm64 tag.)"""
+    first = matrix.load(targets_file).targets["h100"].base.platforms["linux/arm64"].digest
+    second = publish_arm64("arm64 second\n")
+    run = build_py("pin", "h100", "--check", "--file", str(targets_file))
+    assert run.returncode == 1
+    assert (
+        f"MOVED     {host}/{ARM64_TAG} (h100 linux/arm64): targets.yaml has {first}, the registry now has {second}"
+        in (run.stdout)
+    )
+    assert f"MISMATCH  h100 linux/arm64: the index {host}/{TAG} names {first}, but {host}/{ARM64_TAG} has {second}" in (
+        run.stdout
+    )
+    assert run.stderr.count("\n") == 1 and "1 platform(s) where a vendor's multi-platform tag" in run.stderr

@@ -34,6 +34,9 @@ def test_every_registry_base_once_gaudi_by_its_stage1_image():
     m = matrix.load()
     found = {b.image: b.targets for b in pin.bases(m, list(m.targets))}
     assert found["vllm/vllm-openai:v0.30.0-cu129"] == ["h100", "h200"]
+    # each platform's own base too, named with its platform
+    assert found["vllm/vllm-openai:v0.30.0-aarch64-cu129"] == ["h100 linux/arm64", "h200 linux/arm64"]
+    assert found["vllm/vllm-openai-cpu:v0.30.0-arm64"] == ["xeon6 linux/arm64"]
     assert found["vllm/vllm-openai:v0.30.0"] == ["b200", "b300"]
     assert found[m.targets["gaudi2"].stage1.image] == ["gaudi2"]
     assert m.targets["gaudi2"].base.image not in found  # built here by stage 1: nothing to pin
@@ -95,5 +98,5 @@ class _Loaded:
 
 class _T:
     def __init__(self, base):
-        self.base = type("B", (), {"image": base["image"], "digest": base.get("digest")})()
+        self.base = type("B", (), {"image": base["image"], "digest": base.get("digest"), "platforms": {}})()
         self.stage1 = None

@@ -3,6 +3,8 @@
 import shlex
 import types
 
+import pytest
+
 from gemma4_images.check import running
 from gemma4_images.spec import matrix
 
@@ -54,3 +56,17 @@ def test_device_missing_names_what_is_absent(tmp_path):
     )
     with_habana = types.SimpleNamespace(info=lambda: {"Runtimes": {"habana": {}}})
     assert running.device_missing(with_habana, M.families["gaudi"].present) is None
+
+
+@pytest.mark.parametrize("architecture", ["amd64", "arm64"])
+def test_a_server_under_emulation_gets_longer_to_answer(monkeypatch, architecture):
+    """Only an image of another architecture than this host's runs emulated, and only then is each
+    answer waited for longer (measured: start-up took 12.7x under qemu; server.EMULATED_SLOWDOWN)."""
+    import platform as host
+
+    from gemma4_images.check import server
+
+    monkeypatch.setattr(server, "_architecture", lambda image: architecture)
+    native = {"x86_64": "amd64", "aarch64": "arm64"}[host.machine()]
+    expected = server.REQUEST_TIMEOUT_S * (1 if architecture == native else server.EMULATED_SLOWDOWN)
+    assert server.request_timeout("any") == expected
