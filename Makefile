@@ -74,7 +74,7 @@ test-fast: host ## The quick unit tests, for edit-test loops (no Docker; ~1 min)
 # The linux/arm64 tier: the arm64 CPU stand-in, the xeon6 image and its smoke, under qemu. Too slow
 # for every CI run: CI runs it when what it proves changed (tests/platform_tier.py); on a pass it
 # records that in tests/platform-tier.json, which is committed.
-test-arm64: host emulation ## The linux/arm64 tier under qemu: base, image, smoke with exact answers (~20 min)
+test-arm64: host emulation ## The linux/arm64 tier under qemu: base, image, full smoke, one index with amd64 (~20 min)
 	$(PY) -m pytest -m platform tests/integration/test_arm64.py
 	$(PY) -m tests.platform_tier --record
 
