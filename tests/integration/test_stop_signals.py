@@ -19,9 +19,14 @@ pytestmark = pytest.mark.integration
 def everything(client) -> set[str]:
     """Every container this test session or its children started (all carry its session label,
     conftest's SESSION): a parallel lane's, or other work on the same engine, does not count."""
-    return {
-        c.id for c in client.containers.list(all=True, filters={"label": f"{owned.SESSION_LABEL}={owned.session()}"})
-    }
+    return {c["Id"] for c in ids(client, {"label": f"{owned.SESSION_LABEL}={owned.session()}"})}
+
+
+def ids(client, filters) -> list[dict]:
+    """The engine's own list, one call: the SDK's containers.list inspects each container after
+    listing it, and fails with NotFound when one goes in between (the smoke's short-lived probe
+    containers do; seen in a two-lane run)."""
+    return client.api.containers(all=True, filters=filters)
 
 
 def started_smoke(client, tmp_path, wait_for: str):
@@ -38,9 +43,7 @@ def started_smoke(client, tmp_path, wait_for: str):
     label = {"label": f"{owned.LABEL}={owned.owner(proc.pid)}"}
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and proc.poll() is None:
-        if client.containers.list(all=True, filters=label) and (
-            wait_for == "created" or "healthy after" in out.read_text()
-        ):
+        if ids(client, label) and (wait_for == "created" or "healthy after" in out.read_text()):
             time.sleep(2 if wait_for == "checks" else 0)  # into the checks, requests in flight
             return proc, label, out
         time.sleep(0.2)
