@@ -486,7 +486,7 @@ def smoke(target, image, model, tiny, report, platform):
         model, script = str(trained.ensure()), exchanges.EXCHANGES
     image = image or (m.tiny_tag(name, platform) if tiny else m.tag(name, platform))
     if local_image(client, image) is None:
-        how = f"{name}{' --tiny' if tiny else ''}{f' --platform {platform}' if platform else ''}"
+        how = f"{name}{' --tiny' if tiny else ''}{platforms.parse(platform).option}"
         fail(f"no local image {image}; build it first (`python build.py build {how}`)")
     result = smoke_mod.run_smoke(client, m, name, image=image, model=model, script=script, log=log)
     path = Path(report or f"reports/smoke-{reports.key(name, platform)}.json")

@@ -108,9 +108,7 @@ def _import_rootfs(client, tar: Path, tag: str, p: platforms.Platform, labels: d
     diff_id = f"sha256:{digest.hexdigest()}"
     config = json.dumps(
         {
-            "architecture": p.architecture,
-            "os": p.os,
-            **({"variant": "v8"} if p.architecture == "arm64" else {}),  # the only 64-bit Arm variant
+            **p.oci,
             "config": {"Cmd": cmd, "Labels": labels},
             "rootfs": {"type": "layers", "diff_ids": [diff_id]},
             "history": [{"created_by": f"mmdebstrap --arch={p.debian} (gemma4_images/build/localbase.py)"}],

@@ -80,8 +80,11 @@ def resolve(entries: list[Base]) -> list[Result]:
     for base in entries:
         image = reference.Reference.split(base.image)
         try:
-            digest = registry.digest_of(base.image)
-            held = registry.platform_manifests(image.host, image.repository, digest)[1] if digest else None
+            found = registry.manifest_head(image.host, image.repository, image.tag_or_latest)
+            digest, media_type = found or (None, "")
+            # Only an index is fetched whole: a manifest GET is what Docker Hub counts as a pull.
+            is_index = media_type in registry.INDEX_TYPES
+            held = registry.platform_manifests(image.host, image.repository, digest)[1] if is_index else None
             results.append(Result(base, digest, platforms=held))
         except registry.RegistryError as e:
             results.append(Result(base, error=str(e)))

@@ -151,9 +151,15 @@ def check(host: str, timeout: float = 10) -> None:
 
 def manifest_digest(host: str, repository: str, tag: str, timeout: float = 20) -> str | None:
     """The digest the registry holds for repository:tag; None when it holds no such tag."""
+    return (manifest_head(host, repository, tag, timeout) or (None, ""))[0]
+
+
+def manifest_head(host: str, repository: str, tag: str, timeout: float = 20) -> tuple[str, str] | None:
+    """(digest, media type) of repository:tag from a HEAD, which Docker Hub does not count as a
+    pull (a GET of a manifest is one); None when the registry holds no such tag."""
     try:
         with _request(host, f"/v2/{repository}/manifests/{tag}", "HEAD", f"repository:{repository}:pull", timeout) as r:
-            digest = r.headers.get("Docker-Content-Digest")
+            digest, media_type = r.headers.get("Docker-Content-Digest"), r.headers.get("Content-Type", "")
     except urllib.error.HTTPError as e:
         if e.code == 404:
             return None
@@ -165,7 +171,7 @@ def manifest_digest(host: str, repository: str, tag: str, timeout: float = 20) -
         raise RegistryUnavailable(f"{api_host(host)}: {reason(e)} — is the registry reachable?") from None
     if not digest:
         raise RegistryError(f"{host}/{repository}:{tag}: the registry sent no Docker-Content-Digest")
-    return digest
+    return digest, media_type
 
 
 def digest_of(ref: str, timeout: float = 20) -> str | None:

@@ -27,7 +27,7 @@ from testcontainers.core.container import DockerContainer  # noqa: E402
 
 from gemma4_images.build import emulation, owned
 from gemma4_images.check import running
-from gemma4_images.spec import upstream
+from gemma4_images.spec import platforms, upstream
 from gemma4_images.spec.matrix import Matrix, model_path
 
 
@@ -145,7 +145,9 @@ EMULATED_SLOWDOWN = 15
 
 def request_timeout(image: str) -> float:
     """How long a check waits for one answer from a server of image on this host."""
-    emulated = bool(emulation.serve_env(_architecture(image)))  # the emulated CPU is set: not native
+    architecture = _architecture(image)
+    p = next((p for p in platforms.KNOWN.values() if p.architecture == architecture), None)
+    emulated = p is not None and not emulation.native(p)
     return REQUEST_TIMEOUT_S * (EMULATED_SLOWDOWN if emulated else 1)
 
 

@@ -22,18 +22,11 @@ OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 REVISION = "org.opencontainers.image.revision"
 
 
-def platform_object(platform: str) -> dict:
-    """The index's platform for a platform name; arm64's variant is v8, the only 64-bit Arm one
-    (OCI image-index.md, "variant": "arm64 v8")."""
-    p = platforms.parse(platform)
-    return {"architecture": p.architecture, "os": p.os, **({"variant": "v8"} if p.architecture == "arm64" else {})}
-
-
 def descriptor(host: str, repository: str, digest: str, platform: str) -> dict:
     body, media_type = registry_api.get_manifest(host, repository, digest)
     if registry_api.sha256_digest(body) != digest:
         raise registry_api.RegistryError(f"{host}/{repository}@{digest}: the registry sent other bytes")
-    return {"mediaType": media_type, "digest": digest, "size": len(body), "platform": platform_object(platform)}
+    return {"mediaType": media_type, "digest": digest, "size": len(body), "platform": platforms.parse(platform).oci}
 
 
 def body(descriptors: list[dict], revision: str) -> bytes:

@@ -81,8 +81,7 @@ def smoke_refusal(client, name: str, image, reports_dir: Path, platform: str | N
     """Why image may not be pushed for target name on platform, or None when its smoke report
     (reports/smoke-<target>[-<arch>].json) clears it."""
     path = Path(reports_dir) / f"smoke-{reports.key(name, platform)}.json"
-    on = f" --platform {platform}" if platforms.parse(platform).name != platforms.DEFAULT else ""
-    run = f"run `python build.py smoke {name}{on}` first"
+    run = f"run `python build.py smoke {name}{platforms.parse(platform).option}` first"
     try:
         report = json.loads(path.read_text())
     except OSError:
@@ -193,7 +192,7 @@ def chosen_parts(client, matrix: Matrix, name: str, wanted: list[str] | None, so
             if p not in chosen:
                 log(
                     f"{name}: no local image {matrix.tag(name, p)}, so {p} is not in this push "
-                    f"(build it with `python build.py build {name} --platform {p}`)"
+                    f"(build it with `python build.py build {name}{platforms.parse(p).option}`)"
                 )
         chosen = chosen or [platforms.DEFAULT]
     parts = []
@@ -201,7 +200,7 @@ def chosen_parts(client, matrix: Matrix, name: str, wanted: list[str] | None, so
         source = sources.get(reports.key(name, p)) or matrix.tag(name, p)
         image = local_image(client, source)
         if image is None:
-            on = f" --platform {p}" if p != platforms.DEFAULT else ""
+            on = platforms.parse(p).option
             raise PushError(f"no local image {source}; build it first (`python build.py build {name}{on}`)")
         built_for = f"{image.attrs.get('Os', 'linux')}/{image.attrs.get('Architecture')}"
         if platforms.parse(built_for).name != p:

@@ -28,8 +28,7 @@ import urllib.request
 from pathlib import Path
 
 from gemma4_images.build import registry as registry_api
-from gemma4_images.publish import index
-from gemma4_images.spec import reference
+from gemma4_images.spec import platforms, reference
 
 REGISTRIES_D_FILE = "gemma4-images.yaml"
 
@@ -146,11 +145,11 @@ def signed_already(host: str, repository: str, tag: str, digest: str, key_fpr: s
     """A signature in the lookaside that already says digest is host/repository:tag by key_fpr
     (for an index, each platform's manifest must carry one too: a pull by the tag checks both)."""
     identity = f"{host}/{repository}:{tag}"
-    manifest, _ = registry_api.get_manifest(host, repository, digest)
+    manifest, instances = registry_api.platform_manifests(host, repository, digest)
     top = _verifying_signature(manifest, identity, key_fpr, _signature_dir(signatures, repository, digest))
     if top is None:
         return None
-    for instance in (registry_api.platform_manifests(host, repository, digest)[1] or {}).values():
+    for instance in (instances or {}).values():
         body, _ = registry_api.get_manifest(host, repository, instance)
         if _verifying_signature(body, identity, key_fpr, _signature_dir(signatures, repository, instance)) is None:
             return None
@@ -208,7 +207,7 @@ def policy_copy(ref: str, policy: Path, lookaside: str, folder: Path, platform: 
     host = reference.Reference.split(ref).host
     chosen = []
     if platform:
-        wanted = index.platform_object(platform)
+        wanted = platforms.parse(platform).oci
         chosen = ["--override-os", wanted["os"], "--override-arch", wanted["architecture"]]
         chosen += ["--override-variant", wanted["variant"]] if "variant" in wanted else []
     with tempfile.TemporaryDirectory() as tmp:

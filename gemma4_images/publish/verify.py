@@ -59,16 +59,17 @@ def verify(
             registry_api.check(host)
         except registry_api.RegistryUnavailable as e:
             raise signing.SigningError(f"cannot verify {ref}: {e}") from None
-        index_data, held = _platforms_held(host, repository, image.tag_or_digest, ref)
-        chosen = platforms.parse(platform).name if held is not None else None
-        index_digest = registry_api.sha256_digest(index_data) if held is not None else None
+        manifest, held = _platforms_held(host, repository, image.tag_or_digest, ref)
+        wanted = platforms.parse(platform).name
+        chosen = wanted if held is not None else None
+        index_digest = registry_api.sha256_digest(manifest) if held is not None else None
         if held is not None:
             if chosen not in held:
                 raise signing.SigningError(f"{ref} refused: its index holds {', '.join(held)}, not {chosen}")
             # skopeo checks the platform's image, not the index that says which image that is.
-            signing.check_index_signature(ref, index_digest, index_data, enforced, signatures)
+            signing.check_index_signature(ref, index_digest, manifest, enforced, signatures)
         elif platform:
-            _check_single_platform(host, repository, image.tag_or_digest, ref, platforms.parse(platform).name)
+            _check_single_platform(host, repository, manifest, ref, wanted)
         digest = signing.policy_copy(ref, enforced, signatures, tmp / "image", chosen)
         if held is not None and digest != held[chosen]:
             raise signing.SigningError(f"{ref} refused: its {chosen} image came back as {digest}, not {held[chosen]}")
@@ -108,10 +109,9 @@ def _platforms_held(host: str, repository: str, ref_part: str, ref: str) -> tupl
         raise signing.SigningError(f"cannot verify {ref}: {e}") from None
 
 
-def _check_single_platform(host: str, repository: str, ref_part: str, ref: str, wanted: str) -> None:
-    """--platform on a one-image reference: refused unless that image is for the platform."""
-    body, _ = registry_api.get_manifest(host, repository, ref_part)
-    config = json.loads(body).get("config") or {}
+def _check_single_platform(host: str, repository: str, manifest: bytes, ref: str, wanted: str) -> None:
+    """--platform on a one-image reference (its manifest): refused unless that image is for the platform."""
+    config = json.loads(manifest).get("config") or {}
     built = json.loads(registry_api.get_blob(host, repository, config["digest"])) if config.get("digest") else {}
     found = f"{built.get('os')}/{built.get('architecture')}"
     if found != wanted:

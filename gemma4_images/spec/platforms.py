@@ -16,6 +16,7 @@ class Platform:
     # tag, so the platforms of one target sit side by side under their own tags here; a registry
     # joins them into one index under the plain tag (`push`).
     tag_suffix: str
+    variant: str = ""  # the OCI variant: arm64's is v8, the only 64-bit Arm one (OCI image-index.md)
 
     @property
     def os(self) -> str:
@@ -25,13 +26,23 @@ class Platform:
     def architecture(self) -> str:
         return self.name.split("/")[1]
 
+    @property
+    def oci(self) -> dict[str, str]:
+        """As an image config and an index entry say it: os, architecture and any variant."""
+        return {"architecture": self.architecture, "os": self.os, **({"variant": self.variant} if self.variant else {})}
+
+    @property
+    def option(self) -> str:
+        """The `--platform` a command line needs for it: none for the default platform."""
+        return "" if self.name == DEFAULT else f" --platform {self.name}"
+
 
 DEFAULT = "linux/amd64"  # every target's `base` is its linux/amd64 base; `base.platforms` adds others
 KNOWN = {
     p.name: p
     for p in (
         Platform("linux/amd64", "x86_64", "amd64", ""),
-        Platform("linux/arm64", "aarch64", "arm64", "-arm64"),
+        Platform("linux/arm64", "aarch64", "arm64", "-arm64", "v8"),
     )
 }
 
@@ -43,10 +54,10 @@ class PlatformError(Exception):
 def parse(name: str | None) -> Platform:
     """The platform called name (None: the default), or one line listing the known ones."""
     name = name or DEFAULT
-    # What Docker also accepts for arm64: the v8 variant is the only one there is for 64-bit Arm.
-    name = {"linux/arm64/v8": "linux/arm64", "linux/aarch64": "linux/arm64", "linux/x86_64": "linux/amd64"}.get(
-        name, name
-    )
+    # What Docker also accepts: a name with its variant, and the kernel's machine names.
+    aliases = {f"{p.name}/{p.variant}": p.name for p in KNOWN.values() if p.variant}
+    aliases |= {f"{p.os}/{p.machine}": p.name for p in KNOWN.values()}
+    name = aliases.get(name, name)
     if name not in KNOWN:
         raise PlatformError(f"unknown platform {name!r}; known platforms: {', '.join(KNOWN)}")
     return KNOWN[name]

@@ -11,16 +11,14 @@ changed. Each step's time goes to reports/platform-tier-figures.json, which `pyt
 tests.platform_tier --record` keeps."""
 
 import json
-import os
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
 import docker
 import local_registry
 import pytest
-from test_signing import make_key
+from test_signing import gnupg_home, make_key
 
 from gemma4_images.build import emulation, probe
 from gemma4_images.publish import publish, reports
@@ -100,36 +98,27 @@ def publish_both(client, folder: Path) -> dict:
         for name in ("sbom-{}.cdx.json", "provenance-{}.intoto.json"):
             shutil.copy(matrix.ROOT / "reports" / name.format(reports.key("xeon6", p)), folder)
     fpr, _ = make_key(folder.parent / "gnupg", "tier")
-    before = os.environ.get("GNUPGHOME")
-    os.environ["GNUPGHOME"] = str(folder.parent / "gnupg")
-    try:
-        with local_registry.registry(folder.parent, client) as host:
+    with gnupg_home(folder.parent / "gnupg"), local_registry.registry(folder.parent, client) as host:
+        start = time.monotonic()
+        (entry,) = publish.push(
+            client,
+            M,
+            ["xeon6"],
+            f"{host}/tier",
+            sources={reports.key("xeon6", p): tag for p, tag in images.items()},
+            reports_dir=folder,
+            sign_by=fpr,
+            allow_dirty=True,  # the tier runs on a working tree; it proves the push, not a release
+            log=print,
+        )
+        figures["push_both_s"] = round(time.monotonic() - start, 1)
+        assert [e["platform"] for e in entry["platforms"]] == list(images)
+        assert all(len(e["attachments"]) == 2 for e in entry["platforms"])
+        by_digest = f"{entry['repository']}@{entry['digest']}"
+        for p, tag in images.items():
+            local_registry.forget(client, host)  # one image per reference in Docker 20.10
             start = time.monotonic()
-            (entry,) = publish.push(
-                client,
-                M,
-                ["xeon6"],
-                f"{host}/tier",
-                sources={reports.key("xeon6", p): tag for p, tag in images.items()},
-                reports_dir=folder,
-                sign_by=fpr,
-                allow_dirty=True,  # the tier runs on a working tree; it proves the push, not a release
-                log=print,
-            )
-            figures["push_both_s"] = round(time.monotonic() - start, 1)
-            assert [e["platform"] for e in entry["platforms"]] == list(images)
-            assert all(len(e["attachments"]) == 2 for e in entry["platforms"])
-            by_digest = f"{entry['repository']}@{entry['digest']}"
-            for p, tag in images.items():
-                local_registry.forget(client, host)  # one image per reference in Docker 20.10
-                start = time.monotonic()
-                client.api.pull(by_digest, platform=p)
-                figures[f"pull_{p.split('/')[1]}_s"] = round(time.monotonic() - start, 1)
-                assert client.images.get(by_digest).id == client.images.get(tag).id
-    finally:
-        subprocess.run(["gpgconf", "--kill", "gpg-agent"])  # the agent gpg started for that home
-        if before is None:
-            os.environ.pop("GNUPGHOME")
-        else:
-            os.environ["GNUPGHOME"] = before
+            client.api.pull(by_digest, platform=p)
+            figures[f"pull_{p.split('/')[1]}_s"] = round(time.monotonic() - start, 1)
+            assert client.images.get(by_digest).id == client.images.get(tag).id
     return figures

@@ -9,15 +9,13 @@ its signatures and the per-platform choice. The real xeon6 images for both platf
 the same push in the linux/arm64 tier (test_arm64.py). The attached documents are small stand-ins."""
 
 import json
-import os
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 
 import local_registry
 import pytest
-from test_signing import make_key
+from test_signing import gnupg_home, make_key
 
 from gemma4_images.build import registry as registry_api
 from gemma4_images.check.smoke import Check, Report
@@ -55,14 +53,8 @@ def keys():
     with tempfile.TemporaryDirectory() as root:
         root = Path(root)
         fpr, public = make_key(root / "signer", "signer")
-        before = os.environ.get("GNUPGHOME")
-        os.environ["GNUPGHOME"] = str(root / "signer")
-        yield {"fpr": fpr, "public": public}
-        subprocess.run(["gpgconf", "--kill", "gpg-agent"])  # the agent gpg started for this home
-        if before is None:
-            os.environ.pop("GNUPGHOME")
-        else:
-            os.environ["GNUPGHOME"] = before
+        with gnupg_home(root / "signer"):
+            yield {"fpr": fpr, "public": public}
 
 
 def write_reports(folder: Path, images: dict, platforms=PLATFORMS) -> Path:

@@ -4,6 +4,7 @@ here. The images are tiny FROM-scratch stand-ins (one file, a label), not servin
 under test is push, sign, attach and verify, and the multi-GB CPU image would add minutes per push.
 The attached "SBOM" and "provenance" are small stand-in documents, not the generators' output."""
 
+import contextlib
 import json
 import os
 import subprocess
@@ -69,21 +70,32 @@ def corrupt_signature_value(signed: bytes) -> bytes:
     return signed[:2] + packer.compress(bytes(inner)) + packer.flush()
 
 
+@contextlib.contextmanager
+def gnupg_home(home: Path):
+    """GNUPGHOME is home (where push's --sign-by finds the key) for the duration; then the agent gpg
+    started for it is stopped and GNUPGHOME is what it was."""
+    before = os.environ.get("GNUPGHOME")
+    os.environ["GNUPGHOME"] = str(home)
+    try:
+        yield home
+    finally:
+        subprocess.run(["gpgconf", "--kill", "gpg-agent"])
+        if before is None:
+            os.environ.pop("GNUPGHOME")
+        else:
+            os.environ["GNUPGHOME"] = before
+
+
 @pytest.fixture(scope="module")
 def keys():
     """The signer's key (its GnuPG home is GNUPGHOME for this module) and a stranger's."""
     with tempfile.TemporaryDirectory() as root:
         root = Path(root)
         signer, stranger = make_key(root / "signer", "signer"), make_key(root / "stranger", "stranger")
-        before = os.environ.get("GNUPGHOME")
-        os.environ["GNUPGHOME"] = str(root / "signer")
-        yield {"fpr": signer[0], "public": signer[1], "stranger": stranger[1], "home": root / "signer"}
-        for home in ("signer", "stranger"):  # the agents gpg started for these homes
-            subprocess.run(["gpgconf", "--kill", "gpg-agent"], env={**os.environ, "GNUPGHOME": str(root / home)})
-        if before is None:
-            os.environ.pop("GNUPGHOME")
-        else:
-            os.environ["GNUPGHOME"] = before
+        with gnupg_home(root / "signer"):
+            yield {"fpr": signer[0], "public": signer[1], "stranger": stranger[1], "home": root / "signer"}
+        # the stranger's home was only used to make its key
+        subprocess.run(["gpgconf", "--kill", "gpg-agent"], env={**os.environ, "GNUPGHOME": str(root / "stranger")})
 
 
 @pytest.fixture(scope="module")

@@ -208,12 +208,11 @@ def test_an_index_of_two_commits_is_refused():
 
 def test_the_index_is_the_same_bytes_for_the_same_images():
     from gemma4_images.publish import index
+    from gemma4_images.spec import platforms
 
-    d = [
-        {"mediaType": "m", "digest": "sha256:" + "a" * 64, "size": 1, "platform": index.platform_object("linux/arm64")}
-    ]
+    d = [{"mediaType": "m", "digest": "sha256:" + "a" * 64, "size": 1, "platform": platforms.parse("linux/arm64").oci}]
     assert index.body(d, SHA) == index.body(json.loads(json.dumps(d)), SHA)
     held = json.loads(index.body(d, SHA))
     assert held["mediaType"] == index.OCI_INDEX and held["annotations"] == {index.REVISION: SHA}
     assert held["manifests"][0]["platform"] == {"architecture": "arm64", "os": "linux", "variant": "v8"}
-    assert index.platform_object("linux/amd64") == {"architecture": "amd64", "os": "linux"}
+    assert platforms.parse("linux/amd64").oci == {"architecture": "amd64", "os": "linux"}
