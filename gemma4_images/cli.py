@@ -18,7 +18,14 @@ from docker.errors import APIError
 
 from gemma4_images.build import emulation, images, owned, pin, probe, tokenizer_copy, wheels
 from gemma4_images.build import registry as registry_api
-from gemma4_images.build.docker_build import BaseUnavailable, BuildFailed, DockerUnavailable, connect, local_image
+from gemma4_images.build.docker_build import (
+    BaseUnavailable,
+    BuildFailed,
+    DockerUnavailable,
+    connect,
+    local_image,
+    wrong_platform,
+)
 from gemma4_images.build.localbase import LocalBaseError
 from gemma4_images.build.tokenizer_copy import TokenizerError
 from gemma4_images.check import image_contents, running
@@ -485,9 +492,14 @@ def smoke(target, image, model, tiny, report, platform):
 
         model, script = str(trained.ensure()), exchanges.EXCHANGES
     image = image or (m.tiny_tag(name, platform) if tiny else m.tag(name, platform))
-    if local_image(client, image) is None:
+    found = local_image(client, image)
+    if found is None:
         how = f"{name}{' --tiny' if tiny else ''}{platforms.parse(platform).option}"
         fail(f"no local image {image}; build it first (`python build.py build {how}`)")
+    # The report is filed under the platform asked for, which push then trusts for that platform.
+    wrong = wrong_platform(found, image, platforms.parse(platform).name)
+    if wrong:
+        fail(wrong, 2)
     result = smoke_mod.run_smoke(client, m, name, image=image, model=model, script=script, log=log)
     path = Path(report or f"reports/smoke-{reports.key(name, platform)}.json")
     result.write(path)
@@ -660,12 +672,18 @@ def k8s(target, replicas, image, pvc, no_pvc, secret, model_image, model_name):
         fail("--model-name names the folder of a --model-image; give the image too", 2)
     if model_image and not model_name:
         model_name = Reference.split(model_image).basename
+    pushed = None if image else publish.pushed_entry(name)
+    if pushed:
+        image = f"{pushed['repository']}@{pushed['digest']}"
     click.echo(
         k8s_mod.render_k8s(
             m,
             name,
             replicas,
-            image=image or publish.pushed_ref(name) or m.tag(name),
+            image=image or m.tag(name),
+            # The nodes it may run on: those of what was pushed (a release of fewer platforms than
+            # targets.yaml lists must not land on the others).
+            image_platforms=publish.pushed_platforms(pushed) if pushed else None,
             hf_cache_pvc=None if no_pvc else pvc,
             hf_token_secret=secret,
             model_image=model_image,

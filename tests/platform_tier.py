@@ -21,7 +21,9 @@ RECORD = ROOT / "tests" / "platform-tier.json"
 FIGURES = ROOT / "reports" / "platform-tier-figures.json"  # what test_arm64 measured
 INPUTS = [
     "requirements/arm64",
-    "bases/vllm-cpu-local/Dockerfile",
+    # Whole folders: what their Dockerfiles COPY in (the CPU stand-in's sbgemm check) counts too.
+    "bases/vllm-cpu-local",
+    "bases/vllm-cuda-local",
     "gemma4_images/spec/platforms.py",
     "gemma4_images/build/emulation.py",
     "gemma4_images/build/localbase.py",

@@ -190,6 +190,24 @@ def arm64_section(record: dict) -> list[str]:
         ("step", "arm64 under qemu", "amd64 natively", "ratio"),
         ("stand-in base build (root filesystem and wheelhouse cached)", build(f["base_s"]), "-", "-"),
         ("xeon6 tiny image build", build(f["image_build_s"]), "-", "-"),
+        *(
+            [
+                (
+                    "b300 CUDA stand-in base build (root filesystem and wheelhouse cached)",
+                    build(f["cuda_base_s"]),
+                    "-",
+                    "-",
+                ),
+                (
+                    "b300 tiny image build (audio extras, fixes, self-check and launch check)",
+                    build(f["cuda_image_build_s"]),
+                    "-",
+                    "-",
+                ),
+            ]
+            if "cuda_base_s" in f  # recorded from the tier that builds it on
+            else []
+        ),
         compared("start-up to /health", f["seconds_to_healthy"], f["amd64_seconds_to_healthy"]),
         compared("`build.py smoke cpu --tiny`: start, every check, stop", f["smoke_s"], f["amd64_smoke_s"]),
         ("push both platforms as one signed index (loopback registry)", f"{f['push_both_s']:.0f} s", "-", "-"),
@@ -202,8 +220,14 @@ def arm64_section(record: dict) -> list[str]:
         f"stand-in ({f['base_gb']:.2f} GB) and the xeon6 tiny image ({f['image_gb']:.2f} GB) built and smoke-tested "
         "under qemu 10 on this x86_64 machine (every check of the full smoke, the tiny model's scripted answers "
         "exact), then pushed with the amd64 image as one signed index and pulled back by its digest for each "
-        "platform; the amd64 column is the amd64 image's full smoke in the same run. Emulation speed says nothing "
-        "of an Arm server's.",
+        "platform; the amd64 column is the amd64 image's full smoke in the same run"
+        + (
+            f". The b300 image for arm64 built on its CUDA stand-in ({f['cuda_base_gb']:.2f} GB: PyPI's aarch64 "
+            f"vllm 0.30.0 and CUDA 13.0 torch), {f['cuda_image_gb']:.2f} GB, nothing run on a GPU"
+            if "cuda_base_s" in f
+            else ""
+        )
+        + ". Emulation speed says nothing of an Arm server's.",
         "",
         harness._markdown(rows),
         "",

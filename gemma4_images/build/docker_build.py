@@ -57,6 +57,14 @@ def local_image(client, ref: str):
         return None
 
 
+def wrong_platform(image, ref: str, platform: str) -> str | None:
+    """None when the local image (client.images.get's) was built for platform (linux/arm64), else
+    one line saying what it is: the engine would run it anyway, emulated or not, under the wrong
+    name."""
+    built_for = f"{image.attrs.get('Os', 'linux')}/{image.attrs.get('Architecture')}"
+    return None if built_for == platform else f"{ref} is a {built_for} image, not {platform}; give the {platform} image"
+
+
 def pull(client, ref: str, platform: str | None = None) -> str | None:
     """Pull ref (for platform; None: the engine's own); returns None on success, else the
     registry's reason in one line."""

@@ -51,7 +51,7 @@ def serve_env(architecture: str) -> dict[str, str]:
 def qemu_version(interpreter: str) -> tuple[int, int] | None:
     try:
         out = subprocess.run([interpreter, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except OSError:
+    except (OSError, subprocess.TimeoutExpired):
         return None
     m = re.search(r"version (\d+)\.(\d+)", out)
     return (int(m.group(1)), int(m.group(2))) if m else None
@@ -66,6 +66,9 @@ def missing(p: Platform, binfmt: Path | None = None) -> str | None:
     need = f"building or running {p.name} on this {host.machine()} host needs qemu"
     if not (binfmt / "status").is_file():
         return f"{need} through binfmt_misc, which is not mounted: {FIX}"
+    # `echo 0 > status` turns every entry off at once (binfmt-misc.rst, "status").
+    if (binfmt / "status").read_text().strip() != "enabled":
+        return f"{need} through binfmt_misc, which is turned off (its status is disabled): {FIX}"
     entry = binfmt / f"qemu-{p.machine}"
     if not entry.is_file():
         return f"{need}'s {p.machine} emulator, which is not registered with binfmt_misc: {FIX}"

@@ -6,7 +6,16 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from gemma4_images.build import emulation, localbase, probe, tokenizer_copy, wheels
-from gemma4_images.build.docker_build import BaseUnavailable, BuildSpec, base_digest, build, connect, local_image, pull
+from gemma4_images.build.docker_build import (
+    BaseUnavailable,
+    BuildSpec,
+    base_digest,
+    build,
+    connect,
+    local_image,
+    pull,
+    wrong_platform,
+)
 from gemma4_images.spec import platforms, upstream
 from gemma4_images.spec.facts import build_args
 from gemma4_images.spec.matrix import ROOT, Matrix, dockerfile_name
@@ -24,7 +33,12 @@ def resolve_base(client, matrix: Matrix, name: str, override: str | None, log, p
     base cannot be pulled."""
     target = matrix.targets[name]
     wanted = override or matrix.base_on(name, platform).ref
-    if local_image(client, wanted) is not None:
+    found = local_image(client, wanted)
+    if found is not None:
+        # A base of another platform would build an image of the one asked for on its binaries.
+        wrong = wrong_platform(found, wanted, platform or platforms.DEFAULT)
+        if wrong:
+            raise BaseUnavailable(f"base {wrong}")
         return wanted
     if target.stage1 and not override:
         log(f"{wanted} is not here: building Gaudi stage 1 ({dockerfile_name('gaudi-vllm')}) first")

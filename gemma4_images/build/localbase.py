@@ -252,10 +252,8 @@ def standin_base(client, matrix, key: str, log, tag: str | None = None, nocache:
             return tag
         buildkit_cli()  # the base builds with BuildKit: refused now, not after the root filesystem and downloads
         emulation.require(platform)  # likewise: another architecture's RUN steps need qemu
-        # The host's own platform: pip's default tags; another one's: its manylinux tags.
-        tags = None if platform.name == platforms.DEFAULT else manylinux_platforms(platform.machine, GLIBC)
         with ThreadPoolExecutor(2) as pool:
-            house = pool.submit(locked_wheelhouse, standin.lock_path, standin.python, platforms=tags)
+            house = pool.submit(standin_wheelhouse, standin)
             base = rootfs(client, log, platform.name)
             inputs = inputs_for(base)
             if prefetch and not standin.interpreter:
@@ -263,6 +261,14 @@ def standin_base(client, matrix, key: str, log, tag: str | None = None, nocache:
             wheels = house.result()
             _build_base(client, matrix, standin, log, tag, nocache, base, inputs, wheels, interpreter)
     return tag
+
+
+def standin_wheelhouse(standin) -> Path:
+    """The wheels the stand-in's lock pins, for its Python and platform: the host's own platform
+    takes pip's default tags, another one its manylinux tags."""
+    platform = platforms.parse(standin.platform)
+    tags = None if platform.name == platforms.DEFAULT else manylinux_platforms(platform.machine, GLIBC)
+    return locked_wheelhouse(standin.lock_path, standin.python, platforms=tags)
 
 
 def _build_base(client, matrix, standin, log, tag, nocache, base, inputs, wheels, interpreter=None) -> None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gemma4_images.build import registry as registry_api
-from gemma4_images.build.docker_build import ANSI, local_image
+from gemma4_images.build.docker_build import ANSI, local_image, wrong_platform
 from gemma4_images.publish import attach, index, reports, signing
 from gemma4_images.spec import facts, platforms, reference
 from gemma4_images.spec.matrix import Matrix
@@ -202,9 +202,9 @@ def chosen_parts(client, matrix: Matrix, name: str, wanted: list[str] | None, so
         if image is None:
             on = platforms.parse(p).option
             raise PushError(f"no local image {source}; build it first (`python build.py build {name}{on}`)")
-        built_for = f"{image.attrs.get('Os', 'linux')}/{image.attrs.get('Architecture')}"
-        if platforms.parse(built_for).name != p:
-            raise PushError(f"{source} is a {built_for} image, not {p}; give the {p} image")
+        wrong = wrong_platform(image, source, p)
+        if wrong:
+            raise PushError(wrong)
         parts.append(Part(p, source, image))
     return parts
 
@@ -444,13 +444,25 @@ def record(entries: list[dict], path: Path) -> None:
     path.write_text(json.dumps(kept + entries, indent=2) + "\n")
 
 
-def pushed_ref(target: str, reports_dir: Path = Path("reports"), repo: str | None = None) -> str | None:
-    """repository@digest of the target's last recorded push (to repo when given), or None."""
+def pushed_entry(target: str, reports_dir: Path = Path("reports"), repo: str | None = None) -> dict | None:
+    """The pushed.json entry of the target's last recorded push (to repo when given), or None."""
     try:
         entries = json.loads((Path(reports_dir) / PUSHED_FILE).read_text())
     except (OSError, ValueError):
         return None
     for e in reversed(entries):
         if e.get("target") == target and e.get("digest") and repo in (None, e.get("repository")):
-            return f"{e['repository']}@{e['digest']}"
+            return e
     return None
+
+
+def pushed_ref(target: str, reports_dir: Path = Path("reports"), repo: str | None = None) -> str | None:
+    """repository@digest of the target's last recorded push (to repo when given), or None."""
+    e = pushed_entry(target, reports_dir, repo)
+    return f"{e['repository']}@{e['digest']}" if e else None
+
+
+def pushed_platforms(entry: dict) -> list[str]:
+    """The platforms a pushed.json entry's digest holds: an index's entries, else its one image's
+    (entries written before platforms were recorded are linux/amd64's: nothing else was pushed)."""
+    return [p["platform"] for p in entry.get("platforms", [])] or [entry.get("platform") or platforms.DEFAULT]

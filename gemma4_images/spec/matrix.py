@@ -406,6 +406,11 @@ class Matrix(Strict):
         key = self.base_on(name, platform).standin
         return self.standins[key] if key else None
 
+    def standin_targets(self, key: str) -> list[str]:
+        """The targets whose base on the stand-in's platform is that stand-in."""
+        on = self.standins[key].platform
+        return [n for n in self.targets if on in self.platforms(n) and self.base_on(n, on).standin == key]
+
     def tag(self, name: str, platform: str | None = None) -> str:
         """The local tag of the target's image for platform (None: the default platform's, which
         is also what the registry's multi-platform index is called)."""

