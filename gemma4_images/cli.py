@@ -66,15 +66,13 @@ RUN_STOP_BUDGET_S = 60  # for `build.py run`'s server to stop after a signal: vL
 
 
 def other_platform(m, name: str, platform: str | None, emulate: bool = True) -> str | None:
-    """--platform for target name: one line if the target lacks it, else None for the default
-    platform and the platform's name for another (then, with emulate, one line unless this host
-    can run its programs)."""
+    """--platform for target name: one line if the target lacks it (and, with emulate, unless
+    this host can run its programs), else None for the default platform and the platform's name
+    for another."""
     p = m.platform(name, platform)
-    if p.name == platforms.DEFAULT:
-        return None
     if emulate:
-        emulation.require(p)
-    return p.name
+        emulation.require(p)  # the default platform too, on a host of another architecture
+    return None if p.name == platforms.DEFAULT else p.name
 
 
 def fail(message: str, code: int = 1):

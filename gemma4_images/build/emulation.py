@@ -14,6 +14,9 @@ from gemma4_images.spec.platforms import KNOWN, Platform
 
 BINFMT = Path("/proc/sys/fs/binfmt_misc")
 FIX = "run scripts/setup-emulation.sh as root"
+# scripts/setup-emulation.sh sets up an x86_64 host for arm64 only; another host (an arm64 one
+# building linux/amd64) registers the emulator its distribution ships, with the F flag.
+FIX_ELSEWHERE = "install your distribution's qemu-user-static and binfmt-support (qemu {major}.{minor} or later)"
 # qemu emulates an arm64 /proc/cpuinfo from 8.1 on (linux-user/aarch64/target_proc.h); before it
 # the host's x86 one shows through, and PyPI's aarch64 torch segfaults at import (measured with
 # bookworm's 7.2; scripts/setup-emulation.sh says more).
@@ -37,6 +40,12 @@ class EmulationUnavailable(Exception):
 
 def native(p: Platform) -> bool:
     return host.machine() == p.machine
+
+
+def engine_platform(p: Platform) -> str | None:
+    """The --platform a build or pull passes for p: none for the host's own (the engine's default),
+    else p's name, so an arm64 build host makes linux/amd64 images when asked for them too."""
+    return None if native(p) else p.name
 
 
 def serve_env(architecture: str) -> dict[str, str]:
@@ -64,27 +73,28 @@ def missing(p: Platform, binfmt: Path | None = None) -> str | None:
         return None
     binfmt = binfmt or BINFMT
     need = f"building or running {p.name} on this {host.machine()} host needs qemu"
+    fix = FIX if host.machine() == "x86_64" else FIX_ELSEWHERE.format(major=MIN_QEMU[0], minor=MIN_QEMU[1])
     if not (binfmt / "status").is_file():
-        return f"{need} through binfmt_misc, which is not mounted: {FIX}"
+        return f"{need} through binfmt_misc, which is not mounted: {fix}"
     # `echo 0 > status` turns every entry off at once (binfmt-misc.rst, "status").
     if (binfmt / "status").read_text().strip() != "enabled":
-        return f"{need} through binfmt_misc, which is turned off (its status is disabled): {FIX}"
+        return f"{need} through binfmt_misc, which is turned off (its status is disabled): {fix}"
     entry = binfmt / f"qemu-{p.machine}"
     if not entry.is_file():
-        return f"{need}'s {p.machine} emulator, which is not registered with binfmt_misc: {FIX}"
+        return f"{need}'s {p.machine} emulator, which is not registered with binfmt_misc: {fix}"
     fields = dict(line.split(" ", 1) for line in entry.read_text().splitlines() if " " in line)
     if "enabled" not in entry.read_text().splitlines():
-        return f"{need}: its {p.machine} emulator is registered but disabled: {FIX}"
+        return f"{need}: its {p.machine} emulator is registered but disabled: {fix}"
     # F (fix binary): the kernel opens the emulator when it is registered, so containers, which do
     # not have the host's file, can use it too (binfmt_misc(4), "flags").
     if "F" not in fields.get("flags:", ""):
-        return f"{need}: its {p.machine} emulator is registered without the F flag, so containers cannot use it: {FIX}"
+        return f"{need}: its {p.machine} emulator is registered without the F flag, so containers cannot use it: {fix}"
     version = qemu_version(fields.get("interpreter", ""))
     if version is None or version < MIN_QEMU:
         found = "an unknown version" if version is None else "{}.{}".format(*version)
         return (
             f"{need} {MIN_QEMU[0]}.{MIN_QEMU[1]} or later (it emulates an arm64 /proc/cpuinfo, without which "
-            f"torch crashes at import); {fields.get('interpreter')} is {found}: {FIX}"
+            f"torch crashes at import); {fields.get('interpreter')} is {found}: {fix}"
         )
     return None
 

@@ -44,7 +44,7 @@ def resolve_base(client, matrix: Matrix, name: str, override: str | None, log, p
         log(f"{wanted} is not here: building Gaudi stage 1 ({dockerfile_name('gaudi-vllm')}) first")
         build(client, BuildSpec(dockerfile=dockerfile_name("gaudi-vllm"), tag=wanted, context=ROOT, buildargs={}), log)
         return wanted
-    reason = pull(client, wanted, platform)
+    reason = pull(client, wanted, emulation.engine_platform(platforms.parse(platform)))
     if reason is None:
         return wanted
     standin = None if override else matrix.standin(name, platform)
@@ -95,9 +95,8 @@ def build_target(
     or a copy of its image inputs). on_spec, if given, sees the BuildSpec before the build (bench
     reports which build args moved)."""
     p = matrix.platform(name, platform)  # refused here, before anything is staged or pulled
-    platform = None if p.name == platforms.DEFAULT else p.name
-    if platform:
-        emulation.require(p)
+    platform = None if p.name == platforms.DEFAULT else p.name  # what tags and stand-ins are named by
+    emulation.require(p)  # another architecture than the host's (linux/amd64 too, on an arm64 host)
     tag = tag or matrix.tag(name, platform)
     upstream.stage(matrix, context / ".build" / "upstream")
     _, bos_copy_of = tokenizer_copy.stage(matrix, name, tokenizer_source, context / ".build" / "tokenizer")
@@ -112,7 +111,7 @@ def build_target(
             buildargs=buildargs,
             context=context,
             nocache=nocache,
-            platform=platform,
+            platform=emulation.engine_platform(p),
         )
         if on_spec:
             on_spec(spec)
@@ -143,7 +142,7 @@ def dry_run(
         buildargs=buildargs,
         context=ROOT,
         nocache=nocache,
-        platform=platform,
+        platform=emulation.engine_platform(matrix.platform(name, platform)),
     ).command_line()
 
 

