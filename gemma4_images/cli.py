@@ -672,7 +672,7 @@ def k8s(target, replicas, image, pvc, no_pvc, secret, model_image, model_name):
         model_name = Reference.split(model_image).basename
     pushed = None if image else publish.pushed_entry(name)
     if pushed:
-        image = f"{pushed['repository']}@{pushed['digest']}"
+        image = publish.entry_ref(pushed)
     click.echo(
         k8s_mod.render_k8s(
             m,

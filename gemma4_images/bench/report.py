@@ -178,6 +178,7 @@ def arm64_section(record: dict) -> list[str]:
     """The linux/arm64 tier's figures under qemu (tests/platform-tier.json, written by `make
     test-arm64` when it passes), against the amd64 image's full smoke in the same run."""
     f = record["figures"]
+    cuda = "cuda_base_s" in f  # recorded by the tiers that build the arm64 CUDA image
 
     def build(seconds: float) -> str:
         # A run that found every layer built says so rather than giving a build time of seconds.
@@ -186,28 +187,29 @@ def arm64_section(record: dict) -> list[str]:
     def compared(what: str, arm: float, amd: float) -> tuple[str, str, str, str]:
         return (what, f"{arm:.0f} s", f"{amd:.0f} s", f"{arm / amd:.1f}x")
 
+    cuda_rows = (
+        [
+            (
+                "b300 CUDA stand-in base build (root filesystem and wheelhouse cached)",
+                build(f["cuda_base_s"]),
+                "-",
+                "-",
+            ),
+            (
+                "b300 tiny image build (audio extras, fixes, self-check and launch check)",
+                build(f["cuda_image_build_s"]),
+                "-",
+                "-",
+            ),
+        ]
+        if cuda
+        else []
+    )
     rows = [
         ("step", "arm64 under qemu", "amd64 natively", "ratio"),
         ("stand-in base build (root filesystem and wheelhouse cached)", build(f["base_s"]), "-", "-"),
         ("xeon6 tiny image build", build(f["image_build_s"]), "-", "-"),
-        *(
-            [
-                (
-                    "b300 CUDA stand-in base build (root filesystem and wheelhouse cached)",
-                    build(f["cuda_base_s"]),
-                    "-",
-                    "-",
-                ),
-                (
-                    "b300 tiny image build (audio extras, fixes, self-check and launch check)",
-                    build(f["cuda_image_build_s"]),
-                    "-",
-                    "-",
-                ),
-            ]
-            if "cuda_base_s" in f  # recorded from the tier that builds it on
-            else []
-        ),
+        *cuda_rows,
         compared("start-up to /health", f["seconds_to_healthy"], f["amd64_seconds_to_healthy"]),
         compared("`build.py smoke cpu --tiny`: start, every check, stop", f["smoke_s"], f["amd64_smoke_s"]),
         ("push both platforms as one signed index (loopback registry)", f"{f['push_both_s']:.0f} s", "-", "-"),
@@ -224,7 +226,7 @@ def arm64_section(record: dict) -> list[str]:
         + (
             f". The b300 image for arm64 built on its CUDA stand-in ({f['cuda_base_gb']:.2f} GB: PyPI's aarch64 "
             f"vllm 0.30.0 and CUDA 13.0 torch), {f['cuda_image_gb']:.2f} GB, nothing run on a GPU"
-            if "cuda_base_s" in f
+            if cuda
             else ""
         )
         + ". Emulation speed says nothing of an Arm server's.",

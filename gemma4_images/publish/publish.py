@@ -459,7 +459,12 @@ def pushed_entry(target: str, reports_dir: Path = Path("reports"), repo: str | N
 def pushed_ref(target: str, reports_dir: Path = Path("reports"), repo: str | None = None) -> str | None:
     """repository@digest of the target's last recorded push (to repo when given), or None."""
     e = pushed_entry(target, reports_dir, repo)
-    return f"{e['repository']}@{e['digest']}" if e else None
+    return entry_ref(e) if e else None
+
+
+def entry_ref(entry: dict) -> str:
+    """repository@digest of a pushed.json entry."""
+    return f"{entry['repository']}@{entry['digest']}"
 
 
 def pushed_platforms(entry: dict) -> list[str]:
