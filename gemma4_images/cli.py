@@ -16,7 +16,7 @@ import click
 import docker
 from docker.errors import APIError
 
-from gemma4_images.build import emulation, images, owned, pin, probe, tokenizer_copy, wheels
+from gemma4_images.build import emulation, images, owned, pin, probe, pypi, tokenizer_copy, wheels
 from gemma4_images.build import registry as registry_api
 from gemma4_images.build.docker_build import (
     BaseUnavailable,
@@ -84,12 +84,36 @@ def log(line: str) -> None:
     click.echo(line, err=True)
 
 
-def load() -> matrix_mod.Matrix:
-    """targets.yaml, read once per command (a MatrixError exits 2 through Cli.invoke)."""
+def load(name: str | None = None) -> matrix_mod.Matrix:
+    """targets.yaml at the vLLM release of --vllm, else at target name's own release (targets.yaml
+    `vllm`), else at project.vllm_version; read once per command and release (a MatrixError exits 2
+    through Cli.invoke)."""
     meta = click.get_current_context().meta
-    if "matrix" not in meta:
-        meta["matrix"] = matrix_mod.load()
-    return meta["matrix"]
+    views = meta.setdefault("matrices", {})
+    version = meta.get("vllm")
+    if version is None and name is not None:
+        version = matrix_mod.default_release(load(), name)
+    if version not in views:
+        views[version] = matrix_mod.load(vllm=version)
+    return views[version]
+
+
+def _vllm_release(ctx, param, value):
+    # Eager, so TargetName resolves names at this release (a target it does not build is one line).
+    if value is not None:
+        ctx.meta["vllm"] = value
+
+
+# Every command that builds, runs or renders one target's image takes the vLLM release the same way.
+VLLM = click.option(
+    "--vllm",
+    metavar="VERSION",
+    is_eager=True,
+    expose_value=False,
+    callback=_vllm_release,
+    help="The vLLM release to use (releases/vllm-VERSION.yaml; default: the target's own, targets.yaml "
+    "`vllm`, else project.vllm_version). `list` shows each target's releases.",
+)
 
 
 class TargetName(click.ParamType):
@@ -187,8 +211,10 @@ def cli():
 @cli.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def list_targets(as_json):
-    """Every target: name, family, base image, the stand-in `base` builds for it, vLLM version, tag."""
-    m = load()
+    """Every target at each vLLM release it is built on: name, family, base image, the stand-in
+    `base` builds for it, vLLM version (* the release used without --vllm), tag."""
+    own = load()
+    views = matrix_mod.views()
     rows = [
         {
             "target": n,
@@ -197,23 +223,30 @@ def list_targets(as_json):
             "hardware": t.hardware,
             "base": t.base.ref,
             "standin": t.base.standin,
-            "vllm": m.project.vllm_version,
+            "vllm": version,
+            "default": matrix_mod.default_release(own, n) == version,
             "tag": m.tag(n),
             # each platform's base and local tag (the default platform's are the two above)
             "platforms": {p: {"base": m.base_on(n, p).ref, "tag": m.tag(n, p)} for p in m.platforms(n)},
         }
-        for n, t in m.targets.items()
+        for n in own.targets
+        for version, m in views.items()
+        if n in m.targets
+        for t in [m.targets[n]]
     ]
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    fmt = "{:<15} {:<7} {:<26} {:<44} {:<12} {:<7} {:<25} {}"
+    fmt = "{:<15} {:<7} {:<26} {:<44} {:<12} {:<8} {:<25} {}"
     click.echo(fmt.format("TARGET", "FAMILY", "HARDWARE", "BASE", "STAND-IN", "VLLM", "TAG", "PLATFORMS"))
     for r in rows:
         name = r["target"] + (f" ({','.join(r['aliases'])})" if r["aliases"] else "")
         standin = r["standin"] or "-"
         on = ",".join(r["platforms"])
-        click.echo(fmt.format(name, r["family"], r["hardware"], r["base"], standin, r["vllm"], r["tag"], on))
+        vllm = r["vllm"] + ("*" if r["default"] else "")
+        click.echo(fmt.format(name, r["family"], r["hardware"], r["base"], standin, vllm, r["tag"], on))
+    if len(views) > 1:
+        click.echo("* the release `build.py` uses for the target without --vllm (targets.yaml `vllm`)")
 
 
 @cli.command("render")
@@ -273,6 +306,7 @@ def stage_cmd(tokenizer_source):
     "(~5-10 s per changed image on 2 cores).",
 )
 @PLATFORM
+@VLLM
 def build(
     targets, base_image, tag, no_cache, dry_run, build_args, tokenizer_source, tiny, verbose, no_reports, platform
 ):
@@ -288,7 +322,7 @@ def build(
                 log(f"not built for {p.name} (their bases are published without it): {', '.join(skipped)}")
         checked = None
         for name in names:  # one line before anything is built, not after the first target
-            checked = other_platform(m, name, p.name, emulate=not dry_run)
+            checked = other_platform(load(name), name, p.name, emulate=not dry_run)
         platform = checked
     if tag and len(names) > 1:
         fail("--tag names one image; give one target", 2)
@@ -301,10 +335,11 @@ def build(
         tokenizer_source = str(tiny_model.ensure())
     if dry_run:
         for name in names:
-            click.echo(images.dry_run(m, name, base_image, tag, no_cache, tokenizer_source, extra, platform))
+            click.echo(images.dry_run(load(name), name, base_image, tag, no_cache, tokenizer_source, extra, platform))
         return
     client = connect()
     for name in names:
+        m = load(name)  # at its own release, unless --vllm names one
         image_tag = tag or (m.tiny_tag(name, platform) if tiny else m.tag(name, platform))
         if not no_reports and not reports.current_for_tag(client, reports.key(name, platform), image_tag):
             # Its reports will be written after the build (they are kept for an unchanged image):
@@ -391,9 +426,10 @@ def pin_cmd(targets, check, path):
 @click.argument("target", type=TARGET)
 @click.option("--no-cache", is_flag=True)
 @PLATFORM
+@VLLM
 def base(target, no_cache, platform):
     """Build TARGET's local stand-in base with no registry (Debian packages + a host wheelhouse)."""
-    m = load()
+    m = load(target)
     platform = other_platform(m, target, platform, emulate=False)  # checked if it must be built
     click.echo(images.build_local_base(connect(), m, target, log, nocache=no_cache, platform=platform))
 
@@ -402,9 +438,10 @@ def base(target, no_cache, platform):
 @click.argument("target", type=TARGET)
 @click.option("--tiny", is_flag=True, help="The tag of the image that bakes the tiny test model's tokenizer.")
 @PLATFORM
+@VLLM
 def tag_cmd(target, tiny, platform):
     """Print TARGET's image tag (what `build` tags and `smoke`, `run` and `push` use)."""
-    m = load()
+    m = load(target)
     platform = m.platform(target, platform).name
     click.echo(m.tiny_tag(target, platform) if tiny else m.tag(target, platform))
 
@@ -422,9 +459,10 @@ def tag_cmd(target, tiny, platform):
     help="GEMMA4_VARIANT, GEMMA4_FEATURES, GEMMA4_MODEL or any other variable.",
 )
 @click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED)
+@VLLM
 def run(target, image, print_only, env, vllm_args):
     """Run TARGET's image with the recipe's device flags; VLLM_ARGS are appended to the launch."""
-    m = load()
+    m = load(target)
     env_map = parse_build_args(env)
     line = running.run_line(m, target, image, env_map, list(vllm_args))
     if print_only:
@@ -467,12 +505,13 @@ def run(target, image, print_only, env, vllm_args):
 )
 @click.option("--report", type=click.Path(), help="JSON report path (default reports/smoke-<target>.json).")
 @PLATFORM
+@VLLM
 def smoke(target, image, model, tiny, report, platform):
     """Start TARGET's image, wait for it, run the recipe's checks; non-zero exit on any failure.
     Exit 3 when this machine lacks the target's accelerator (the tier is skipped, not passed)."""
     from gemma4_images.check import smoke as smoke_mod
 
-    m, name = load(), target
+    m, name = load(target), target
     platform = other_platform(m, name, platform)
     client = connect()
     owned.reap(client, log)
@@ -552,6 +591,7 @@ def smoke(target, image, model, tiny, report, platform):
     help="Push these platforms' images (repeat or comma-separate); two or more are joined under the "
     "target's tags by an image index. Default: every platform of the target built here.",
 )
+@VLLM
 def push(
     targets,
     registry,
@@ -573,7 +613,14 @@ def push(
     if image and len(wanted) > 1:
         fail("--image names one platform's image; give one --platform (or push the built tags without --image)", 2)
     names = list(dict.fromkeys(targets))
-    m = load()
+    m = load(names[0])
+    apart = [n for n in names[1:] if load(n) is not m]
+    if apart:
+        fail(
+            f"{names[0]} and {', '.join(apart)} are built on different vLLM releases; push them separately "
+            "or name one with --vllm",
+            2,
+        )
     for name in names:  # every platform checked before anything is pushed
         for p in wanted:
             m.platform(name, p)
@@ -661,11 +708,12 @@ def verify(ref, key, policy, signatures, dest, attachments_dir, require_attachme
     help="Serve the model from this `model-image` image (an image volume) instead of the hub and its cache.",
 )
 @click.option("--model-name", help="Its folder under /models (default: the last part of its repository).")
+@VLLM
 def k8s(target, replicas, image, pvc, no_pvc, secret, model_image, model_name):
     """Print a Kubernetes Deployment + Service for TARGET."""
     from gemma4_images.generate import k8s as k8s_mod
 
-    m, name = load(), target
+    m, name = load(target), target
     if model_name and not model_image:
         fail("--model-name names the folder of a --model-image; give the image too", 2)
     if model_image and not model_name:
@@ -761,11 +809,12 @@ def bench_cmd(skip_build, skip_serving, skip_startup, skip_load, with_base, quic
 @click.argument("target", type=TARGET)
 @click.option("--image", callback=reference, help="Built image to describe (default: the target's tag).")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Default reports/sbom-<target>.cdx.json.")
+@VLLM
 def sbom_cmd(target, image, out):
     """Write a CycloneDX 1.6 SBOM of TARGET's built image: OS packages, Python distributions, the
     base image, our files, and each applied fix as a pedigree patch; checked against the schema and
     against the image's fixes label and /etc/gemma4-e2b/fixes.json before it is written."""
-    m = load()
+    m = load(target)
     contents = image_contents.read(connect(), m, target, image or m.tag(target))
     try:
         click.echo(reports.write_sbom(contents, target, out))
@@ -785,13 +834,14 @@ def sbom_cmd(target, image, out):
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="Check this provenance against the image instead of writing one.",
 )
+@VLLM
 def provenance_cmd(target, image, out, verify_path):
     """Write an in-toto Statement v1 with a SLSA provenance v1 predicate for TARGET's built image
     (subject: its digest; dependencies: base digest, git revision, fix diffs, tokenizer source,
     upstream files; builder and parameters from /etc/gemma4-e2b/build.json)."""
     from gemma4_images.publish import provenance
 
-    m = load()
+    m = load(target)
     contents = image_contents.read(connect(), m, target, image or m.tag(target))
     if verify_path:
         try:
@@ -804,6 +854,54 @@ def provenance_cmd(target, image, out, verify_path):
         click.echo(f"{verify_path} matches {contents.ref} ({contents.id})")
         return
     click.echo(reports.write_provenance(contents, m, target, out))
+
+
+@cli.command()
+@click.argument("names", nargs=-1, metavar="FAMILY|TARGET...")
+@click.option("--vllm", "version", metavar="VERSION", help="The vLLM release to add (e.g. 0.32.0).")
+@click.option(
+    "--drop",
+    "drops",
+    multiple=True,
+    metavar="FIX=UPSTREAM_CHANGE",
+    help="Leave a vLLM-level fix out of VERSION's profile: its tests passed on VERSION's own code; name the "
+    "upstream change that fixed it (recorded in the release file and FIXES.md).",
+)
+@click.option("--check", is_flag=True, help="Only say which families' vLLM has a newer release on the index (exit 1).")
+def bump(names, version, drops, check):
+    """Build FAMILY's targets (or the TARGETs) on vLLM VERSION beside their own release: writes
+    releases/vllm-VERSION.yaml, the stand-ins' locks, the fixes' ports and profile, the recipes and
+    FIXES.md, and prints what changed; a failure leaves the tree as it was."""
+    from gemma4_images.build import bump as bump_mod
+
+    if check:
+        behind = bump_mod.behind(matrix_mod.views(), log=click.echo)
+        if behind:
+            fail("behind the package index: " + "; ".join(behind))
+        click.echo("every family is on the newest vLLM release on the package index")
+        return
+    if not names or not version:
+        fail("give FAMILY (or TARGETs) and --vllm VERSION, e.g. `build.py bump cpu --vllm 0.32.0`", 2)
+    m = load()
+    dropped = {}
+    for pair in drops:
+        fix, _, why = pair.partition("=")
+        if not why.strip():
+            fail(f"--drop {pair!r}: name the upstream change that fixed it: --drop {fix}=<commit or PR>", 2)
+        dropped[fix] = why.strip()
+    for name in names:
+        if name not in m.families:
+            m.resolve(name)  # an unknown name is one line (exit 2), before anything is asked of the index
+    dirty = bump_mod.uncommitted()
+    if dirty:
+        fail(f"uncommitted changes to files bump writes: {', '.join(dirty)}; commit or stash them first", 2)
+    try:
+        p = bump_mod.plan(m, list(names), version, dropped, log=log)
+        written = bump_mod.write(p, log=log)
+    except (bump_mod.BumpError, pypi.PyPIError) as e:
+        fail(f"{e}; nothing was changed")
+    click.echo(bump_mod.table(p))
+    click.echo("wrote " + ", ".join(written))
 
 
 # -- model images: the model's files as an image, served with no hub at run time ----------------

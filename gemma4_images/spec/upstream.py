@@ -97,20 +97,28 @@ def fetch_sdist(filename: str, sha256: str) -> Path:
 
 
 def stage(matrix: Matrix, stage_dir: Path = STAGE) -> list[Path]:
-    """Put every upstream file targets.yaml names under .build/upstream/, ready for COPY."""
+    """Put every upstream file targets.yaml names (at matrix's vLLM release) under .build/upstream/,
+    ready for COPY. A staged file is fetched again only when its source differs: each one's source
+    is kept in stage_dir/sources.json, outside what the Dockerfiles COPY, so builds of two releases
+    in turn each COPY their own."""
     staged = []
+    record = stage_dir / "sources.json"
+    sources = json.loads(record.read_text()) if record.exists() else {}
     for rel, src in matrix.upstream_files.items():
         dest = stage_dir / rel
-        if not dest.exists():
+        source = f"{src.sdist} sha256:{src.sdist_sha256} {src.member}"
+        if not dest.exists() or sources.get(rel) != source:
             archive = fetch_sdist(src.sdist, src.sdist_sha256)
             with tarfile.open(archive) as tar:
                 member = tar.extractfile(src.member)
                 if member is None:
                     raise UpstreamError(f"{src.member} is not in {src.sdist}")
                 dest.parent.mkdir(parents=True, exist_ok=True)
-                # whole or not at all: a file that exists is never fetched again
+                # whole or not at all: a file that exists is never half-written
                 partial = dest.with_name(f".{dest.name}.partial")
                 partial.write_bytes(member.read())
                 partial.replace(dest)
+            sources[rel] = source
+            record.write_text(json.dumps(sources, indent=2) + "\n")
         staged.append(dest)
     return staged

@@ -145,7 +145,7 @@ def test_every_targets_every_launch_parses_with_vllm_0_30_0(client, m, built):
     script = (
         "import glob, json, sys; sys.path.insert(0, '/usr/local/bin'); import importlib.machinery as im; "
         "g = im.SourceFileLoader('g', '/usr/local/bin/gemma4-serve').load_module(); "
-        "r = {p: json.load(open(p)) for p in sorted(glob.glob('/recipes/*.json'))}; "
+        f"r = {{p: json.load(open(p)) for p in sorted(glob.glob('/recipes/*-v{m.project.vllm_version}.json'))}}; "
         "print(json.dumps({v['target']: [len(g.launches(v)), g._probe_launch(g.launches(v))] for v in r.values()}))"
     )
     out = client.containers.run(

@@ -1,0 +1,440 @@
+"""`build.py bump FAMILY|TARGET... --vllm VERSION`: build targets on another vLLM release, beside the
+one they are on. Every fact bound to the release is worked out from the release itself, then written
+at once (releases/vllm-VERSION.yaml, the stand-ins' locks, the fixes' ports and profile, the
+rendered recipes and FIXES.md); a failed step puts back every file it had written.
+
+Facts and where they come from:
+- each family's vLLM distribution at VERSION must be on the package index (pypi.project);
+- the transformers pin: the newest release that VERSION's own METADATA accepts and that was on the
+  index when the family's vLLM VERSION was published (the rule that gives 0.30.0's 5.17.0: what
+  vLLM's release images were built with);
+- the audio extras: VERSION's `audio` extra; packages already pinned keep their pins, a new one is
+  pinned at its newest release when VERSION was published;
+- the upstream files (the chat template): the same members of vllm-VERSION.tar.gz, its sha256 from
+  the index;
+- base images, stand-in tags and what they stand for: the vendor's tags with v<old> replaced by
+  v<VERSION> (vLLM's tag convention, targets.yaml cites it); digests null until `pin`;
+- the stand-ins' locks: scripts/lock.sh for this release only (requirements/v<VERSION>/...);
+- the fixes: each vLLM-level fix of the targets' profile rebased onto VERSION's files
+  (scripts/port-vllm-fixes.py): the same file needs no port; a clean merge is written as a port; a
+  conflict stops the bump unless a person wrote the port (patches/<fix>/ports/<profile>.diff and
+  its fix.json entry) or dropped the fix (--drop FIX=UPSTREAM_CHANGE, recorded in the release file
+  and FIXES.md). Then the new profile must apply to VERSION's files (apply_all.py --check).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from gemma4_images.build import pypi, wheels
+from gemma4_images.generate import render
+from gemma4_images.spec import matrix as matrix_mod
+from gemma4_images.spec.matrix import ROOT, Matrix
+from gemma4_images.spec.modules import load_file
+from gemma4_images.spec.upstream import file_sha256
+
+# What bump may write; it refuses to start while any of them has uncommitted changes.
+WRITES = ("releases", "requirements", "patches", "image/recipes", "FIXES.md", "docker-bake.hcl")
+
+
+class BumpError(Exception):
+    """Bad input or a step that failed; the tree is as it was."""
+
+
+def _port_tool():
+    return load_file("port_vllm_fixes", str(ROOT / "scripts" / "port-vllm-fixes.py"))
+
+
+@dataclass
+class Plan:
+    version: str
+    old: str  # the release the targets are taken from (targets.yaml's own)
+    targets: list[str]
+    families: list[str]
+    release: dict  # releases/vllm-<version>.yaml as data
+    profiles: dict[str, dict] = field(default_factory=dict)  # new profile name: its JSON
+    ports: list = field(default_factory=list)  # (result, profile, label, sha, upstream, theirs, images)
+    changes: list[tuple[str, str, str]] = field(default_factory=list)  # (fact, old, new)
+    wheel_roots: dict[str, Path] = field(default_factory=dict)  # profile: VERSION's files, unzipped
+
+
+def targets_named(m: Matrix, names: list[str]) -> list[str]:
+    """Family names stand for their targets; target names and aliases for themselves."""
+    out = []
+    for name in names:
+        out += m.family_targets(name) if name in m.families else [m.resolve(name)]
+    return list(dict.fromkeys(out))
+
+
+def uncommitted(root: Path = ROOT) -> list[str]:
+    run = subprocess.run(
+        ["git", "-C", str(root), "status", "--porcelain", "--", *WRITES], capture_output=True, text=True
+    )
+    if run.returncode != 0:
+        raise BumpError(f"cannot ask git which files changed: {run.stderr.strip()}")
+    return [line[3:] for line in run.stdout.splitlines()]
+
+
+def bumped(text: str, old: str, new: str, what: str) -> str:
+    if f"v{old}" not in text:
+        raise BumpError(f"{what} {text!r} does not name v{old}: cannot derive its v{new} name; write it by hand")
+    return text.replace(f"v{old}", f"v{new}")
+
+
+def plan(m: Matrix, names: list[str], version: str, drops: dict[str, str], log=print) -> Plan:
+    old = m.project.vllm_version
+    if version == old:
+        raise BumpError(f"vLLM {version} is targets.yaml's own release; bump moves to another one")
+    targets = targets_named(m, names)
+    families = list(dict.fromkeys(m.targets[t].family for t in targets))
+    for family in families:
+        if not m.families[family].pypi:
+            raise BumpError(
+                f"the {family} family's vLLM is not on the package index (targets.yaml families.{family}.pypi "
+                "is empty): bump cannot check its releases; write its release by hand"
+            )
+    existing = matrix_mod.release_file(version)
+    release = yaml.safe_load(existing.read_text()) if existing.is_file() else {}
+    release.setdefault("release", {}).setdefault("fixes", {})
+    p = Plan(version, old, targets, families, release)
+    uploaded, metas = {}, {}
+    for family in families:
+        for dist in m.families[family].pypi:
+            proj = pypi.project(dist)
+            if version not in proj.versions:
+                newest = proj.versions[-1] if proj.versions else "none"
+                raise BumpError(f"{dist} {version} is not on the package index (its newest release: {newest})")
+            uploaded[dist] = proj.uploaded(version)
+        first = m.families[family].pypi[0]
+        whl = wheels.wheel(f"{first}=={version}", python=_python_of(m, family))
+        metas[family] = (first, whl, pypi.metadata(whl))
+        release["release"].setdefault("distributions", {})[first] = {
+            "wheel": whl.name,
+            "sha256": file_sha256(whl),
+            "published": uploaded[first],
+        }
+    published = min(uploaded.values())  # when the first of them was: what existed then is what it was built with
+    _transformers(p, m, metas, published)
+    _audio(p, m, metas, published)
+    _upstream(p, m)
+    _bases(p, m)
+    _fixes(p, m, metas, drops, log)
+    release["release"].update(
+        {
+            "written_by": f"python build.py bump {' '.join(names)} --vllm {version}",
+            "from": old,
+            "date": datetime.date.today().isoformat(),
+        }
+    )
+    return p
+
+
+def _python_of(m: Matrix, family: str) -> str:
+    pythons = {s.python for s in m.standins.values() if s.family == family}
+    return sorted(pythons)[0] if pythons else "3.11"
+
+
+def _transformers(p: Plan, m: Matrix, metas: dict, published: str) -> None:
+    specs = {}
+    for family, (dist, _, meta) in metas.items():
+        req = pypi.requirement_of(meta, "transformers")
+        if req is None:
+            raise BumpError(f"{dist} {p.version} does not require transformers: cannot choose its pin")
+        specs[dist] = str(req.specifier)
+    chosen = {pypi.project("transformers").newest(spec, before=published) for spec in specs.values()}
+    if len(chosen) != 1 or None in chosen:
+        raise BumpError(f"no one transformers release fits {specs} as published by {published}")
+    pin = chosen.pop()
+    project = p.release.setdefault("project", {})
+    project.update({"vllm_version": p.version, "transformers_version": pin})
+    p.release["release"]["transformers"] = {
+        "requires": {d: s for d, s in specs.items()},
+        "chosen": f"the newest release these accept that was on the index on {published[:10]}, "
+        "when this vLLM release was published",
+    }
+    p.changes.append(("transformers", m.project.transformers_version, pin))
+
+
+def _audio(p: Plan, m: Matrix, metas: dict, published: str) -> None:
+    names = set()
+    for family, (dist, _, meta) in metas.items():
+        names |= {r.name.lower() for r in meta["extras"].get("audio", [])}
+    pinned = {e.split("==")[0].split("[")[0].lower().replace("_", "-"): e for e in m.audio_extras}
+    names = {n.replace("_", "-") for n in names}
+    # Pins kept in their order; a package the extra adds, at its newest release when VERSION was.
+    out = [entry for name, entry in pinned.items() if name in names]
+    out += [f"{n}=={pypi.project(n).newest(before=published)}" for n in sorted(names - set(pinned))]
+    if out != m.audio_extras:
+        p.release["audio_extras"] = out
+    p.changes.append(("audio extras", " ".join(m.audio_extras), " ".join(out)))
+
+
+def _upstream(p: Plan, m: Matrix) -> None:
+    sdist = f"vllm-{p.version}.tar.gz"
+    files = [f for f in pypi.project("vllm").files if f.filename == sdist]
+    if not files:
+        raise BumpError(
+            f"{sdist} is not on the package index: the upstream files {', '.join(m.upstream_files)} come from it"
+        )
+    out = {}
+    for rel, src in m.upstream_files.items():
+        member = src.member.replace(f"vllm-{p.old}/", f"vllm-{p.version}/")
+        out[rel] = {"sdist": sdist, "sdist_sha256": files[0].sha256, "member": member}
+        p.changes.append((f"upstream {rel}", src.sdist, sdist))
+    p.release["upstream_files"] = out
+
+
+def _bases(p: Plan, m: Matrix) -> None:
+    standins = p.release.setdefault("standins", {})
+    targets = p.release.setdefault("targets", {})
+    for name in p.targets:
+        t = m.targets[name]
+        base = t.base.model_dump(exclude_defaults=True)
+        base["image"] = bumped(t.base.image, p.old, p.version, f"{name}'s base")
+        base["digest"] = None
+        for plat, image in t.base.platforms.items():
+            entry = base["platforms"][plat]
+            entry["image"] = bumped(image.image, p.old, p.version, f"{name}'s {plat} base")
+            entry["digest"] = None
+        targets.setdefault(name, {})["base"] = base
+        p.changes.append((f"{name} base", t.base.image, base["image"]))
+        for plat in m.platforms(name):
+            key = m.base_on(name, plat).standin
+            if not key:
+                continue
+            s = m.standins[key]
+            # requirements/cpu-base.lock -> requirements/v<VERSION>/cpu-base.lock (the Dockerfile
+            # COPYs it by its name)
+            new_lock = Path("requirements") / f"v{p.version}" / Path(s.lock).relative_to("requirements")
+            standins[key] = {
+                "tag": bumped(s.tag, p.old, p.version, f"stand-in {key}'s tag"),
+                "stands_for": bumped(s.stands_for, p.old, p.version, f"stand-in {key}'s stands_for"),
+                "lock": str(new_lock),
+            }
+            p.changes.append((f"stand-in {key}", s.tag, standins[key]["tag"]))
+
+
+def _fixes(p: Plan, m: Matrix, metas: dict, drops: dict[str, str], log) -> None:
+    tool = _port_tool()
+    profiles = {m.targets[n].fixes.profile for n in p.targets if m.targets[n].fixes}
+    for old_profile in sorted(profiles):
+        if p.old not in old_profile:
+            raise BumpError(f"fixes profile {old_profile!r} does not name {p.old}: cannot name its {p.version} profile")
+        new_profile = old_profile.replace(p.old, p.version)
+        family = next(
+            m.targets[n].family for n in p.targets if m.targets[n].fixes and m.targets[n].fixes.profile == old_profile
+        )
+        dist, whl, _ = metas[family]
+        prof = matrix_mod.load_profile(old_profile)
+        fixes = tool.vllm_fixes(old_profile)
+        unknown = sorted(set(drops) - {f["name"] for f in fixes})
+        if unknown:
+            raise BumpError(f"--drop {', '.join(unknown)}: not a vLLM fix of profile {old_profile}")
+        paths = sorted({q for f in fixes for q in f["files"]})
+        theirs = tool.wheel_files(str(whl), paths)
+        label = f"PyPI {dist} {p.version}"
+        results, upstream, images, sha = tool.rebase_onto(old_profile, p.old, theirs, label)
+        record = p.release["release"]["fixes"]
+        for result in results:
+            fix = result["fix"]
+            name = fix["name"]
+            hand = fix.get("ports", {}).get(new_profile)
+            if name in drops:
+                record[name] = {"state": "dropped", "fixed_upstream_by": drops[name]}
+            elif tool.same_file(result, sha):
+                record[name] = {"state": "same file"}
+            elif hand:
+                if any(hand["pre_sha256"].get(q) != sha[q] for q in fix["files"]):
+                    raise BumpError(
+                        f"fix {name}: its port for {new_profile} (patches/{name}/ports/{new_profile}.diff) was made "
+                        f"on other files than {dist} {p.version}'s; port it again"
+                    )
+                record[name] = {"state": "ported by hand"}
+            elif result["state"] in ("exact", "rebased"):
+                record[name] = {"state": tool.pf.STATES[result["state"]]}
+                p.ports.append((result, new_profile, label, sha, upstream, theirs, images))
+            else:
+                where = "; ".join(
+                    f"{path} line {c['line']}"
+                    for path, entry in result["files"].items()
+                    for c in entry.get("conflicts", [])[:1]
+                ) or ", ".join(result["files"])
+                tool.report(result, p.old, upstream, theirs, images, log=lambda line: print(line, file=sys.stderr))
+                raise BumpError(
+                    f"fix {name} conflicts with {dist} {p.version}'s files ({where}): port it by hand as "
+                    f"patches/{name}/ports/{new_profile}.diff with its fix.json ports entry "
+                    "(scripts/port-vllm-fixes.py shows the merge), or drop it with "
+                    f"--drop {name}=UPSTREAM_CHANGE if {p.version} fixed it"
+                )
+            log(f"  {record[name]['state']:<16} {name}")
+        kept = [f for f in prof["generic"] + prof["opt_in"] if f not in drops]
+        p.profiles[new_profile] = {
+            "name": new_profile,
+            "description": (
+                f"{prof['description'].split(' (')[0].replace(p.old, p.version)}: vLLM {p.version} "
+                f"(written by build.py bump from {old_profile}; a build without a commit id is vouched for by the "
+                "sha256 of the files the fixes touch, each fix's own or its port's)"
+            ),
+            "requires": {"vllm": {"version": p.version}},
+            "generic": [f for f in prof["generic"] if f in kept],
+            "opt_in": [f for f in prof["opt_in"] if f in kept],
+        }
+        for name in p.targets:
+            t = m.targets[name]
+            if t.fixes and t.fixes.profile == old_profile:
+                p.release["targets"].setdefault(name, {})["fixes"] = {
+                    "profile": new_profile,
+                    "opt_in": [f for f in t.fixes.opt_in if f not in drops],
+                }
+        root = Path(tempfile.mkdtemp(prefix="gemma4-bump-"))
+        with zipfile.ZipFile(whl) as z:
+            z.extractall(root)
+        p.wheel_roots[new_profile] = root
+        p.changes.append(("fixes profile", old_profile, new_profile))
+
+
+HEADER = """\
+# vLLM {version}: the facts of targets.yaml bound to the vLLM release, at {version}. Written by
+# `python build.py bump` (gemma4_images/build/bump.py says where each comes from); `build.py ...
+# --vllm {version}` lays this file over targets.yaml (gemma4_images/spec/matrix.py release_overlay):
+# each key here replaces targets.yaml's, and only the targets listed are built on {version}.
+# `release` records how the file was made: the distributions read, the transformers requirement
+# and what each vLLM-level fix needed.
+"""
+
+
+class Files:
+    """Every file bump writes, with what it held before, to put back on failure."""
+
+    def __init__(self, root: Path = ROOT):
+        self.root = root
+        self.before: dict[Path, bytes | None] = {}
+
+    def keep(self, path: Path) -> None:
+        path = self.root / path
+        if path not in self.before:
+            self.before[path] = path.read_bytes() if path.exists() else None
+
+    def write(self, path: Path, text: str) -> None:
+        self.keep(path)
+        full = self.root / path
+        full.parent.mkdir(parents=True, exist_ok=True)
+        full.write_text(text)
+
+    def restore(self) -> None:
+        for path, data in self.before.items():
+            if data is None:
+                path.unlink(missing_ok=True)
+            else:
+                path.write_bytes(data)
+        for path in self.before:  # folders bump made and left empty
+            for parent in path.relative_to(self.root).parents:
+                folder = self.root / parent
+                if parent != Path(".") and folder.is_dir() and not any(folder.iterdir()):
+                    folder.rmdir()
+
+
+def write(p: Plan, log=print, root: Path = ROOT) -> list[str]:
+    files = Files(root)
+    try:
+        files.write(
+            Path("releases") / f"vllm-{p.version}.yaml",
+            HEADER.format(version=p.version) + yaml.safe_dump(p.release, sort_keys=False, width=100),
+        )
+        for name, prof in p.profiles.items():
+            files.write(Path("patches/profiles") / f"{name}.json", json.dumps(prof, indent=2) + "\n")
+        tool = _port_tool()
+        for result, profile, label, sha, upstream, theirs, images in p.ports:
+            folder = Path("patches") / result["fix"]["name"]
+            files.keep(folder / "fix.json")
+            files.keep(folder / "ports" / f"{profile}.diff")
+            tool.write_port(result, profile, p.old, label, sha, upstream, theirs, images)
+        view = matrix_mod.load(vllm=p.version)
+        for key, s in view.standins.items():
+            files.keep(Path(s.lock))
+        run = subprocess.run(
+            ["bash", "scripts/lock.sh"],
+            cwd=root,
+            env={**os.environ, "RELEASE": p.version},
+            capture_output=True,
+            text=True,
+        )
+        if run.returncode != 0:
+            raise BumpError(
+                f"scripts/lock.sh for {p.version} failed: {(run.stderr or run.stdout).strip().splitlines()[-1]}"
+            )
+        for profile, wheel_root in p.wheel_roots.items():
+            opt_in = sorted({f for n in p.targets for f in view.targets[n].opt_in_fixes})
+            check = subprocess.run(
+                [
+                    sys.executable,
+                    "patches/apply_all.py",
+                    "--profile",
+                    profile,
+                    "--check",
+                    "--root",
+                    str(wheel_root),
+                    *opt_in,
+                ],
+                cwd=root,
+                capture_output=True,
+                text=True,
+            )
+            if check.returncode != 0:
+                raise BumpError(
+                    f"profile {profile} does not apply to {p.version}'s files: {check.stderr.strip().splitlines()[-1]}"
+                )
+        own = matrix_mod.load()
+        for rel in render.render_all(own):
+            files.keep(Path(rel))
+        render.write(own)
+    except BaseException:
+        files.restore()
+        raise
+    finally:
+        for wheel_root in p.wheel_roots.values():
+            subprocess.run(["rm", "-rf", str(wheel_root)])
+    return sorted(
+        str(path.relative_to(root))
+        for path, data in files.before.items()
+        if not path.exists() or path.read_bytes() != data
+    )
+
+
+def table(p: Plan) -> str:
+    width = max(len(f) for f, _, _ in p.changes)
+    rows = [f"{'fact':<{width}}  {p.old:<40}  {p.version}"]
+    rows += [f"{f:<{width}}  {a:<40}  {b}" for f, a, b in p.changes if a != b]
+    same = [f for f, a, b in p.changes if a == b]
+    if same:
+        rows.append(f"unchanged: {', '.join(same)}")
+    return "\n".join(rows)
+
+
+def behind(views: dict[str, Matrix], log=print) -> list[str]:
+    """For each family with a vLLM on the index: its newest release here against the index's newest."""
+    out = []
+    families = {}
+    for version, view in views.items():
+        for t in view.targets.values():
+            families.setdefault(t.family, set()).add(version)
+    own = next(iter(views.values()))
+    for family, versions in families.items():
+        for dist in own.families[family].pypi:
+            newest = pypi.project(dist).versions[-1]
+            here = max(versions, key=matrix_mod.version_key)
+            state = "current" if matrix_mod.version_key(here) >= matrix_mod.version_key(newest) else "BEHIND"
+            log(f"{family:<6} {dist:<14} here {here:<8} index {newest:<8} {state}")
+            if state == "BEHIND" and dist == own.families[family].pypi[0]:
+                out.append(f"{family} ({dist} {newest}; here {here}): `python build.py bump {family} --vllm {newest}`")
+    return out
