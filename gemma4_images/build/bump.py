@@ -48,7 +48,13 @@ WRITES = ("releases", "requirements", "patches", "image/recipes", "FIXES.md", "d
 
 
 class BumpError(Exception):
-    """Bad input or a step that failed; the tree is as it was."""
+    """A step that failed (exit 1), or bad input (BadInput, exit 2); the tree is as it was."""
+
+    code = 1
+
+
+class BadInput(BumpError):
+    code = 2
 
 
 def _port_tool():
@@ -91,15 +97,17 @@ def bumped(text: str, old: str, new: str, what: str) -> str:
     return text.replace(f"v{old}", f"v{new}")
 
 
-def plan(m: Matrix, names: list[str], version: str, drops: dict[str, str], log=print) -> Plan:
+def plan(
+    m: Matrix, names: list[str], version: str, drops: dict[str, str], accepts: tuple[str, ...] = (), log=print
+) -> Plan:
     old = m.project.vllm_version
     if version == old:
-        raise BumpError(f"vLLM {version} is targets.yaml's own release; bump moves to another one")
+        raise BadInput(f"vLLM {version} is targets.yaml's own release; bump moves to another one")
     targets = targets_named(m, names)
     families = list(dict.fromkeys(m.targets[t].family for t in targets))
     for family in families:
         if not m.families[family].pypi:
-            raise BumpError(
+            raise BadInput(
                 f"the {family} family's vLLM is not on the package index (targets.yaml families.{family}.pypi "
                 "is empty): bump cannot check its releases; write its release by hand"
             )
@@ -113,7 +121,7 @@ def plan(m: Matrix, names: list[str], version: str, drops: dict[str, str], log=p
             proj = pypi.project(dist)
             if version not in proj.versions:
                 newest = proj.versions[-1] if proj.versions else "none"
-                raise BumpError(f"{dist} {version} is not on the package index (its newest release: {newest})")
+                raise BadInput(f"{dist} {version} is not on the package index (its newest release: {newest})")
             uploaded[dist] = proj.uploaded(version)
         first = m.families[family].pypi[0]
         whl = wheels.wheel(f"{first}=={version}", python=_python_of(m, family))
@@ -128,7 +136,7 @@ def plan(m: Matrix, names: list[str], version: str, drops: dict[str, str], log=p
     _audio(p, m, metas, published)
     _upstream(p, m)
     _bases(p, m)
-    _fixes(p, m, metas, drops, log)
+    _fixes(p, m, metas, drops, accepts, log)
     release["release"].update(
         {
             "written_by": f"python build.py bump {' '.join(names)} --vllm {version}",
@@ -224,7 +232,7 @@ def _bases(p: Plan, m: Matrix) -> None:
             p.changes.append((f"stand-in {key}", s.tag, standins[key]["tag"]))
 
 
-def _fixes(p: Plan, m: Matrix, metas: dict, drops: dict[str, str], log) -> None:
+def _fixes(p: Plan, m: Matrix, metas: dict, drops: dict[str, str], accepts, log) -> None:
     tool = _port_tool()
     profiles = {m.targets[n].fixes.profile for n in p.targets if m.targets[n].fixes}
     for old_profile in sorted(profiles):
@@ -237,13 +245,15 @@ def _fixes(p: Plan, m: Matrix, metas: dict, drops: dict[str, str], log) -> None:
         dist, whl, _ = metas[family]
         prof = matrix_mod.load_profile(old_profile)
         fixes = tool.vllm_fixes(old_profile)
-        unknown = sorted(set(drops) - {f["name"] for f in fixes})
+        unknown = sorted((set(drops) | set(accepts)) - {f["name"] for f in fixes})
         if unknown:
-            raise BumpError(f"--drop {', '.join(unknown)}: not a vLLM fix of profile {old_profile}")
+            raise BadInput(f"{', '.join(unknown)}: not a vLLM fix of profile {old_profile} (--drop, --accept-merge)")
         paths = sorted({q for f in fixes for q in f["files"]})
         theirs = tool.wheel_files(str(whl), paths)
         label = f"PyPI {dist} {p.version}"
-        results, upstream, images, sha = tool.rebase_onto(old_profile, p.old, theirs, label)
+        # A merge where upstream changed lines of a fix's context is clean but unread: it stops
+        # the bump below unless the fix is named by --accept-merge.
+        results, upstream, images, sha = tool.rebase_onto(old_profile, p.old, theirs, label, accept_merge=True)
         record = p.release["release"]["fixes"]
         for result in results:
             fix = result["fix"]
@@ -260,23 +270,34 @@ def _fixes(p: Plan, m: Matrix, metas: dict, drops: dict[str, str], log) -> None:
                         f"on other files than {dist} {p.version}'s; port it again"
                     )
                 record[name] = {"state": "ported by hand"}
-            elif result["state"] in ("exact", "rebased"):
-                record[name] = {"state": tool.pf.STATES[result["state"]]}
+            elif result["state"] in ("exact", "rebased") and (
+                name in accepts or not any(e.get("accepted") for e in result["files"].values())
+            ):
+                accepted = any(e.get("accepted") for e in result["files"].values())
+                record[name] = {
+                    "state": tool.pf.STATES[result["state"]]
+                    + (
+                        " (upstream changed lines of its context: git's merge taken with --accept-merge)"
+                        if accepted
+                        else ""
+                    )
+                }
                 p.ports.append((result, new_profile, label, sha, upstream, theirs, images))
             else:
                 where = "; ".join(
                     f"{path} line {c['line']}"
                     for path, entry in result["files"].items()
-                    for c in entry.get("conflicts", [])[:1]
+                    for c in (entry.get("conflicts", []) + entry.get("accepted", []))[:1]
                 ) or ", ".join(result["files"])
                 tool.report(result, p.old, upstream, theirs, images, log=lambda line: print(line, file=sys.stderr))
                 raise BumpError(
                     f"fix {name} conflicts with {dist} {p.version}'s files ({where}): port it by hand as "
                     f"patches/{name}/ports/{new_profile}.diff with its fix.json ports entry "
-                    "(scripts/port-vllm-fixes.py shows the merge), or drop it with "
+                    "(scripts/port-vllm-fixes.py shows the merge), take git's merge with --accept-merge "
+                    f"{name} if upstream only changed lines around it (above: read them first), or drop it with "
                     f"--drop {name}=UPSTREAM_CHANGE if {p.version} fixed it"
                 )
-            log(f"  {record[name]['state']:<16} {name}")
+            log(f"  {name:<30} {record[name]['state']}")
         kept = [f for f in prof["generic"] + prof["opt_in"] if f not in drops]
         p.profiles[new_profile] = {
             "name": new_profile,

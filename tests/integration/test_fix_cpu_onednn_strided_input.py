@@ -9,15 +9,16 @@ onednn_mm with that layout. How the observations are made: tests/fixes_helpers.p
 
 import pytest
 
-from tests import fixes_helpers as fx
-
 pytestmark = pytest.mark.integration
 LAYOUTS = ["transposed_float32", "contiguous_float32", "transposed_bfloat16", "contiguous_bfloat16"]
 
 
 @pytest.fixture(scope="module")
 def obs(fix_observations):
-    return {"unpatched": fx.phase("unpatched")["onednn"], "patched": fx.phase("patched")["onednn"]}
+    return {
+        "unpatched": fix_observations.phase("unpatched")["onednn"],
+        "patched": fix_observations.phase("patched")["onednn"],
+    }
 
 
 def no_probe_error(data):

@@ -23,7 +23,10 @@ ESCAPED = ["escaped_quotes", "escaped_code", "array", "two_calls"]
 
 @pytest.fixture(scope="module")
 def obs(fix_observations):
-    data = {"unpatched": fx.phase("unpatched")["tool_args"], "patched": fx.phase("patched")["tool_args"]}
+    data = {
+        "unpatched": fix_observations.phase("unpatched")["tool_args"],
+        "patched": fix_observations.phase("patched")["tool_args"],
+    }
     for name, value in data.items():
         assert "probe_error" not in value, f"{name}: {value.get('probe_error')}"
     return data

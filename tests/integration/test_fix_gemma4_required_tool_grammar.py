@@ -31,20 +31,28 @@ def forced(choice, reasoning=""):
 
 
 @pytest.fixture(scope="module")
-def result(fix_observations):
-    result = fix_observations
-    return result
+def result(cpu_image):
+    """targets.yaml's own release only: these observations are of vLLM 0.30.0 with its xgrammar 0.2.9
+    (the gemma_4 builtin) and 0.2.1. On another release the fix's evidence is the full smoke's
+    tools_forced check (test_smoke_cpu.py runs it on every release of xeon6), which fails without
+    this fix."""
+    release = fx.Release()
+    observed = release.observations()
+    assert observed["check_rc"] == 0 and observed["apply_rc"] == 0, (
+        observed["logs"]["check"] + observed["logs"]["apply"]
+    )
+    return release
 
 
-def grammar(phase):
-    data = fx.phase(phase)["grammar"]
+def grammar(result, phase):
+    data = result.phase(phase)["grammar"]
     assert "probe_error" not in data, data["probe_error"]
     return data
 
 
 @pytest.mark.parametrize("choice", ["required", "named_say", "required+reasoning", "named_say+reasoning"])
 def test_unpatched_forced_tool_choice_sets_no_grammar(result, choice):
-    entry = grammar("unpatched")[choice]
+    entry = grammar(result, "unpatched")[choice]
     assert entry["structured_outputs"] is None
     assert entry["grammar_from_parser"] is False
     # So nothing stops the model from answering in prose, which the parser returns as no call.
@@ -70,39 +78,39 @@ def check_forced(entry, accepted, fallback, chat=True):
 @pytest.mark.parametrize("choice", ["required", "named_say"])
 @pytest.mark.parametrize("reasoning", ["", "+reasoning"])
 def test_patched_schema_arguments_on_xgrammar_0_2_9(result, choice, reasoning):
-    data = grammar("patched")
+    data = grammar(result, "patched")
     assert data["builtin_gemma_4"] is True  # the image's xgrammar 0.2.9
     check_forced(data[choice + reasoning], forced(choice, reasoning), fallback=False)
 
 
 @pytest.mark.parametrize("choice", ["required", "named_say"])
 def test_patched_fallback_grammar_without_the_builtin(result, choice):
-    check_forced(grammar("patched")[choice + "+no_builtin"], forced(choice), fallback=True)
+    check_forced(grammar(result, "patched")[choice + "+no_builtin"], forced(choice), fallback=True)
 
 
 @pytest.mark.parametrize("phase, fallback", [("patched", False), ("patched_xgrammar_0_2_1", True)])
 @pytest.mark.parametrize("choice", ["required", "named_say"])
 def test_patched_responses_api_request(result, phase, fallback, choice):
-    if result.get(phase) is None:
+    if result.observations().get(phase) is None:
         pytest.skip("xgrammar 0.2.1 could not be downloaded from PyPI")
-    unpatched = grammar("unpatched")[choice + "+responses"]
+    unpatched = grammar(result, "unpatched")[choice + "+responses"]
     assert "probe_error" not in unpatched and unpatched["structured_outputs"] is None
-    check_forced(grammar(phase)[choice + "+responses"], forced(choice), fallback, chat=False)
+    check_forced(grammar(result, phase)[choice + "+responses"], forced(choice), fallback, chat=False)
 
 
 @pytest.mark.parametrize("choice", ["required", "named_say"])
 @pytest.mark.parametrize("reasoning", ["", "+reasoning"])
 def test_patched_on_real_xgrammar_0_2_1(result, choice, reasoning):
-    if result.get("patched_xgrammar_0_2_1") is None:
+    if result.observations().get("patched_xgrammar_0_2_1") is None:
         pytest.skip("xgrammar 0.2.1 could not be downloaded from PyPI")
-    data = grammar("patched_xgrammar_0_2_1")
+    data = grammar(result, "patched_xgrammar_0_2_1")
     assert data["builtin_gemma_4"] is False
     check_forced(data[choice + reasoning], forced(choice, reasoning), fallback=True)
 
 
 def test_patched_prose_and_json_are_rejected(result):
     for key in ("required", "named_say", "required+no_builtin", "named_say+no_builtin"):
-        accepts = grammar("patched")[key]["accepts"]
+        accepts = grammar(result, "patched")[key]["accepts"]
         for name in (
             "prose",
             "prose_then_call",
@@ -117,25 +125,25 @@ def test_patched_prose_and_json_are_rejected(result):
 @pytest.mark.parametrize("phase", ["unpatched", "patched"])
 def test_auto_stays_unconstrained(result, phase):
     for key in ("auto", "auto+reasoning"):
-        assert grammar(phase)[key]["structured_outputs"] is None
+        assert grammar(result, phase)[key]["structured_outputs"] is None
 
 
 def test_strict_tool_calling_off_keeps_the_old_behaviour(result):
-    assert grammar("patched")["required+strict_off"]["structured_outputs"] is None
+    assert grammar(result, "patched")["required+strict_off"]["structured_outputs"] is None
 
 
 def test_markers_are_bound_to_their_special_tokens(result):
     """The same call text with its markers spelled in ordinary tokens is read by the
     non-streaming parser but not by the streaming one (it matches markers by token id),
     so the grammar must not allow it (xgrammar's gemma_4 builtin alone would)."""
-    entry = grammar("patched")["required"]
+    entry = grammar(result, "patched")["required"]
     assert entry["parsed"]["say_call_subword"] == ["say"]
     assert entry["streamed"]["say_call_subword"] == []
     for phase in ("patched", "patched_xgrammar_0_2_1"):
-        if result.get(phase) is not None:
+        if result.observations().get(phase) is not None:
             for key in ("required", "named_say", "required+reasoning"):
-                assert grammar(phase)[key]["accepts"]["say_call_subword"] is False, (phase, key)
+                assert grammar(result, phase)[key]["accepts"]["say_call_subword"] is False, (phase, key)
 
 
 def test_parallel_tool_calls_false_allows_one_call(result):
-    check_forced(grammar("patched")["required+single"], ANY_TOOL - {"two_calls"}, fallback=False)
+    check_forced(grammar(result, "patched")["required+single"], ANY_TOOL - {"two_calls"}, fallback=False)

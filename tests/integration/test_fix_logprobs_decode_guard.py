@@ -17,7 +17,10 @@ INVALID = fx.INVALID_TOKEN_TEXT
 
 @pytest.fixture(scope="module")
 def obs(fix_observations):
-    return {"unpatched": fx.phase("unpatched")["logprobs"], "patched": fx.phase("patched")["logprobs"]}
+    return {
+        "unpatched": fix_observations.phase("unpatched")["logprobs"],
+        "patched": fix_observations.phase("patched")["logprobs"],
+    }
 
 
 def no_probe_error(data):

