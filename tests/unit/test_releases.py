@@ -1,0 +1,136 @@
+"""vLLM releases side by side: a releases/vllm-V.yaml laid over targets.yaml, each target's own
+release (targets.yaml `vllm`), and what the commands make of them. No engine, no network."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import yaml
+
+from gemma4_images.publish import reports
+from gemma4_images.spec import matrix
+from gemma4_images.spec.matrix import ROOT, MatrixError
+from tests.cli import build_py
+
+OWN = matrix.load().project.vllm_version
+
+
+@pytest.fixture(scope="module")
+def v032():
+    return matrix.load(vllm="0.32.0")
+
+
+def test_the_committed_0_32_0_release_builds_xeon6_only_with_its_own_facts(v032):
+    assert list(v032.targets) == ["xeon6"] and v032.overlay and v032.report_release == "0.32.0"
+    assert v032.project.vllm_version == "0.32.0" and v032.project.transformers_version == "5.19.0"
+    assert v032.tag("xeon6") == "gemma4-e2b:xeon6-v0.32.0"
+    assert v032.tag("xeon6", "linux/arm64") == "gemma4-e2b:xeon6-v0.32.0-arm64"
+    assert v032.base_on("xeon6").image == "vllm/vllm-openai-cpu:v0.32.0-x86_64"
+    assert v032.base_on("xeon6", "linux/arm64").image == "vllm/vllm-openai-cpu:v0.32.0-arm64"
+    assert v032.standin("xeon6").tag == "gemma4-e2b-base/vllm-cpu:v0.32.0-local"
+    assert v032.standin("xeon6").lock == "requirements/v0.32.0/cpu-base.lock"
+    assert v032.standin("xeon6").dockerfile == "bases/vllm-cpu-local/Dockerfile"  # targets.yaml's, kept
+    assert set(v032.standins) == {"vllm-cpu", "vllm-cpu-arm64"}  # the others' families are not in it
+    assert v032.targets["xeon6"].fixes.profile == "vllm-0.32.0"
+    assert v032.upstream_files["examples/tool_chat_template_gemma4.jinja"].sdist == "vllm-0.32.0.tar.gz"
+    assert v032.recipe_file("xeon6") == "image/recipes/xeon6-v0.32.0.json"
+    assert json.loads((ROOT / v032.recipe_file("xeon6")).read_text())["vllm_version"] == "0.32.0"
+    # everything else is targets.yaml's: the launch, the smoke's settings, the run flags
+    own = matrix.load()
+    assert v032.recipe_launch("xeon6") == own.recipe_launch("xeon6")
+    assert v032.targets["xeon6"].smoke == own.targets["xeon6"].smoke and not own.overlay
+
+
+def test_a_target_the_release_does_not_build_is_one_line(v032):
+    for name in ("gaudi2", "b200"):
+        with pytest.raises(MatrixError, match=f"{name} is not built on vLLM 0.32.0"):
+            v032.resolve(name)
+    assert v032.resolve("cpu") == "xeon6"  # aliases still resolve
+
+
+def test_an_unknown_release_names_the_known_ones_and_bump():
+    with pytest.raises(MatrixError) as e:
+        matrix.load(vllm="0.31.0")
+    assert str(e.value) == (
+        f"no vLLM 0.31.0 release here (known: {OWN}, 0.32.0); add one with `python build.py bump FAMILY --vllm 0.31.0`"
+    )
+
+
+def test_releases_and_views_are_in_release_order():
+    assert matrix.releases()[0] == OWN and "0.32.0" in matrix.releases()
+    assert list(matrix.views()) == matrix.releases()
+    assert matrix.releases_of("xeon6") == [OWN, "0.32.0"] and matrix.releases_of("gaudi2") == [OWN]
+    assert sorted(["0.10.0", "0.9.1", "0.30.0"], key=matrix.version_key) == ["0.9.1", "0.10.0", "0.30.0"]
+
+
+@pytest.mark.parametrize(
+    "release, says",
+    [
+        ({"targets": {"nosuch": {}}}, "targets.nosuch is not a target of targets.yaml"),
+        ({"standins": {"nosuch": {}}}, "standins.nosuch is not a stand-in of targets.yaml"),
+        ({"vllm_version": "0.99.0"}, "unknown key(s) vllm_version; a release file has"),
+        ({"targets": {"xeon6": {"fixes": {"profile": "vllm-0.99.0"}}}}, "no profile 'vllm-0.99.0'"),
+    ],
+)
+def test_a_malformed_release_file_is_named(tmp_path, release, says):
+    (tmp_path / "vllm-0.99.0.yaml").write_text(yaml.safe_dump({"project": {"vllm_version": "0.99.0"}, **release}))
+    with pytest.raises(MatrixError, match="vllm-0.99.0.yaml") as e:
+        matrix.load(vllm="0.99.0", releases_dir=tmp_path)
+    assert says in str(e.value)
+
+
+def test_a_targets_own_release_must_exist(tmp_path):
+    raw = yaml.safe_load(matrix.TARGETS_FILE.read_text())
+    raw["targets"]["xeon6"]["vllm"] = "0.31.0"
+    path = tmp_path / "targets.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(MatrixError, match=r"targets.xeon6.vllm: no vLLM 0.31.0 release here .*bump cpu --vllm 0.31.0"):
+        matrix.load(path)
+
+
+def test_reports_of_another_release_are_filed_apart():
+    assert reports.key("xeon6") == "xeon6" and reports.key("xeon6", "linux/arm64") == "xeon6-arm64"
+    assert reports.key("xeon6", None, "0.32.0") == "xeon6-v0.32.0"
+    assert reports.key("xeon6", "linux/arm64", "0.32.0") == "xeon6-v0.32.0-arm64"
+
+
+@pytest.fixture
+def tree(tmp_path):
+    """A copy of what build.py reads, to change targets.yaml in."""
+    for item in ("build.py", "gemma4_images", "templates", "image", "patches", "targets.yaml", "releases", "testkit"):
+        src = ROOT / item
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / item)
+    return tmp_path
+
+
+def test_a_targets_own_release_is_what_commands_use_without_vllm(tree):
+    text = (tree / "targets.yaml").read_text()
+    (tree / "targets.yaml").write_text(
+        text.replace("    aliases: [cpu]\n", "    aliases: [cpu]\n    vllm: 0.32.0\n", 1)
+    )
+    assert build_py("tag", "cpu", cwd=tree).stdout.strip() == "gemma4-e2b:xeon6-v0.32.0"
+    assert build_py("tag", "cpu", "--vllm", OWN, cwd=tree).stdout.strip() == f"gemma4-e2b:xeon6-v{OWN}"
+    assert build_py("tag", "b200", cwd=tree).stdout.strip() == f"gemma4-e2b:b200-v{OWN}"
+    rows = json.loads(build_py("list", "--json", cwd=tree).stdout)
+    xeon6 = {r["vllm"]: r["default"] for r in rows if r["target"] == "xeon6"}
+    assert xeon6 == {OWN: False, "0.32.0": True}
+    dry = build_py("build", "cpu", "--dry-run", cwd=tree).stdout
+    assert "BASE_IMAGE=vllm/vllm-openai-cpu:v0.32.0-x86_64" in dry and "GEMMA4_FIXES_PROFILE=vllm-0.32.0" in dry
+
+
+def test_vllm_naming_a_release_the_target_lacks_is_one_line_and_exit_2():
+    r = build_py("build", "gaudi2", "--vllm", "0.32.0", "--dry-run")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip() == (
+        "error: gaudi2 is not built on vLLM 0.32.0 (releases/ has no gaudi2 entry for it); drop --vllm for its own"
+    )
+    r = build_py("tag", "cpu", "--vllm", "0.31.0")
+    assert r.returncode == 2 and "no vLLM 0.31.0 release here" in r.stderr
+
+
+def test_list_shows_each_release_and_marks_the_default():
+    out = build_py("list").stdout
+    assert "gemma4-e2b:xeon6-v0.32.0" in out and f"gemma4-e2b:xeon6-v{OWN}" in out
+    assert f"{OWN}*" in out and "* the release `build.py` uses for the target without --vllm" in out
