@@ -7,7 +7,7 @@ PYTEST_ARGS ?= -m "not device and not platform"
 LANES ?= 2
 
 .DEFAULT_GOAL := help
-.PHONY: help host host-build emulation quickstart image images base render lint lock smoke check-fixes port-fixes test test-fast test-arm64 list bench
+.PHONY: help host host-build emulation quickstart image images base bump render lint lock smoke check-fixes port-fixes test test-fast test-arm64 list bench
 
 help: ## Show targets and variables
 	@echo "usage: make <target> [HW=<hardware>]"
@@ -31,14 +31,17 @@ quickstart: host-build ## Build the CPU image with no registry or hub, serve a t
 list: host-build ## List every target with its base image and tag
 	@$(PY) build.py list
 
-image: host-build ## Build one image: make image HW=h100
-	$(PY) build.py build $(HW)
+image: host-build ## Build one image: make image HW=h100 [VLLM=0.32.0, another release of releases/]
+	$(PY) build.py build $(HW) $(if $(VLLM),--vllm $(VLLM))
 
 images: host-build ## Build every target's image
 	$(PY) build.py build all
 
-base: host-build ## Build HW's local stand-in base without a registry (cpu, b200, b300; `make list`)
-	$(PY) build.py base $(HW)
+base: host-build ## Build HW's local stand-in base without a registry (cpu, b200, b300; `make list`) [VLLM=...]
+	$(PY) build.py base $(HW) $(if $(VLLM),--vllm $(VLLM))
+
+bump: host-build ## Build a family on another vLLM release: make bump FAMILY=cpu VLLM=0.32.0 [BUMP_ARGS=--accept-merge FIX]; VLLM unset: which are behind
+	$(if $(VLLM),$(PY) build.py bump $(FAMILY) --vllm $(VLLM) $(BUMP_ARGS),$(PY) build.py bump --check)
 
 render: host-build ## Re-render Dockerfile.* and image/recipes/ from targets.yaml
 	$(PY) build.py render
@@ -60,8 +63,8 @@ port-fixes: host ## Rebase the vllm-gaudi fixes onto another checkout (3-way mer
 	@test -n "$(VLLM_GAUDI_SRC)" || { echo "usage: make port-fixes VLLM_GAUDI_SRC=/path/to/vllm-gaudi [PYTHON=...] [PORT_ARGS='--out DIR --accept-merge --in-place']"; exit 2; }
 	$(PY) scripts/port-fixes.py "$(VLLM_GAUDI_SRC)" $(PORT_ARGS)
 
-smoke: host-build ## Smoke-test HW's built image (add SMOKE_ARGS="--tiny" for the tiny CPU model)
-	$(PY) build.py smoke $(HW) $(SMOKE_ARGS)
+smoke: host-build ## Smoke-test HW's built image (add SMOKE_ARGS="--tiny" for the tiny CPU model) [VLLM=...]
+	$(PY) build.py smoke $(HW) $(if $(VLLM),--vllm $(VLLM)) $(SMOKE_ARGS)
 
 test: host ## Run the test suite (unit + integration with a real Docker engine), in two lanes
 	$(PY) -m pytest $(PYTEST_ARGS) $(if $(filter-out 0,$(LANES)),-n $(LANES))

@@ -270,9 +270,11 @@ def render_cmd(check):
 
 @cli.command("stage")
 @click.option("--tokenizer-source", metavar="DIR_OR_HUB_ID", help="As for `build`.")
+@VLLM
 def stage_cmd(tokenizer_source):
-    """Put what the Dockerfiles COPY from .build/ in place: the upstream files serve flags name and
-    each target's BOS tokenizer copy (needed by a plain `docker build` or `docker buildx bake`)."""
+    """Put what the Dockerfiles COPY from .build/ in place: the upstream files serve flags name (at
+    the release of --vllm) and each target's BOS tokenizer copy (needed by a plain `docker build` or
+    `docker buildx bake`)."""
     m = load()
     for path in upstream.stage(m):
         click.echo(path)
@@ -782,7 +784,13 @@ def inspect(image):
     is_flag=True,
     help="Also time `make test` in a fresh clone, in two lanes and in one (the baseline; ~30 min).",
 )
-def bench_cmd(skip_build, skip_serving, skip_startup, skip_load, with_base, quickstart, standins, tests):
+@click.option(
+    "--releases",
+    is_flag=True,
+    help="Also run the start-up and load benchmarks at every vLLM release xeon6 is built on, side by side "
+    "(each release's tiny image built first; ~6 min per release).",
+)
+def bench_cmd(skip_build, skip_serving, skip_startup, skip_load, with_base, quickstart, standins, tests, releases):
     """Cold/no-change/one-patch/one-entrypoint-line rebuilds, image overhead, gemma4-bench in the CPU
     image with the tiny model, and start-up time against bare vllm serve; regenerates BENCHMARKS.md
     (the parts not run keep their last figures, from benchmarks.json)."""
@@ -799,6 +807,7 @@ def bench_cmd(skip_build, skip_serving, skip_startup, skip_load, with_base, quic
             quickstart=quickstart,
             standins=standins,
             tests=tests,
+            releases=releases,
         )
     except RuntimeError as e:  # a benchmark that could not measure what it set out to
         fail(str(e))

@@ -1,10 +1,11 @@
 """The two lanes `make test` runs at once (pytest-xdist, two workers), decided by test module.
 
 "serve" holds the integration modules that only run the images every lane shares (the CPU image
-and its unfixed twin, the tiny models, built first by conftest's shared_images); "engine" holds every
-other integration module, every build among them, so a build's intermediate containers and <none>
-images are that lane's own (no_build_leftovers). Unit tests and the integration modules that need
-no engine are each their own unit of work, run by whichever worker is free.
+at each vLLM release and its unfixed twin, the tiny models, built first by conftest's
+shared_images); "engine" holds every other integration module, every build among them, so a build's
+intermediate containers and <none> images are that lane's own (no_build_leftovers). Unit tests and
+the integration modules that need no engine are each their own unit of work, run by whichever
+worker is free.
 
 The scheduler is xdist's LoadScopeScheduling with these scopes (tests/conftest.py). Not the
 xdist_group mark: with pytest 9.2 and xdist 3.8, a marked test's nodeid does not keep the group
@@ -24,7 +25,7 @@ SERVE = {
     "test_fix_gemma4_required_tool_grammar.py",
     "test_fix_logprobs_decode_guard.py",
 }
-NO_ENGINE = {"test_apply_all_real_vllm.py", "test_fix_pack_applies.py"}
+NO_ENGINE = {"test_apply_all_real_vllm.py", "test_fix_pack_applies.py", "test_bump.py"}
 INTEGRATION = "tests/integration/"
 
 

@@ -6,6 +6,7 @@ from gemma4_images.bench.figures import PATCH_MAX_RATIO, TARGET, Scenario, scena
 from gemma4_images.bench.harness import OFFLINE_TINY, SERVED_TINY
 from gemma4_images.bench.load import load_section
 from gemma4_images.bench.quickstart import quickstart_section
+from gemma4_images.bench.releases import section as releases_section
 from gemma4_images.bench.standins import section as standins_section
 from gemma4_images.bench.startup import startup_section
 from gemma4_images.bench.tests_time import section as tests_section
@@ -50,6 +51,7 @@ def render_results(results: dict) -> str:
         results.get("standins"),
         results.get("tests"),
         results.get("arm64"),
+        results.get("releases"),
     )
 
 
@@ -246,6 +248,7 @@ def render(
     standins: dict | None = None,
     tests: dict | None = None,
     arm64: dict | None = None,
+    releases: dict | None = None,
 ) -> str:
     """BENCHMARKS.md: each part that has figures, in the page's order."""
     out = [
@@ -264,6 +267,7 @@ def render(
         (arm64, arm64_section),
         (startup, startup_section),
         (load, load_section),
+        (releases, releases_section),
     ]
     out += [line for figures, section in parts if figures for line in section(figures)]
     out += recipe_section(serving)

@@ -40,6 +40,7 @@ def main(
     quickstart: bool = False,
     standins: bool = False,
     tests: bool = False,
+    releases: bool = False,
 ) -> dict:
     from gemma4_images.build.docker_build import connect
 
@@ -76,6 +77,12 @@ def main(
         t = time.monotonic()
         results["standins"] = measure_standins(client, m, log, str(tiny_model.ensure()))
         timings["stand-ins, no-cache base and image builds"] = time.monotonic() - t
+    if releases:
+        from gemma4_images.bench.releases import releases_bench
+
+        t = time.monotonic()
+        results["releases"] = releases_bench(client, log)
+        timings["vLLM releases, start-up and load each"] = time.monotonic() - t
     if tests:
         from gemma4_images.bench import tests_time
 

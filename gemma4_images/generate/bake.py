@@ -87,7 +87,14 @@ def _block(kind: str, name: str, body: list[str]) -> list[str]:
     return [f'{kind} "{name}" {{', *body, "}", ""]
 
 
-def render_bake(matrix: Matrix) -> str:
+def release_target_name(matrix: Matrix, name: str) -> str:
+    """A target at a release of releases/: gemma4-e2b-xeon6-v0_32_0 (bake's names take no dots)."""
+    return f"{target_name(matrix, name)}-v{matrix.project.vllm_version.replace('.', '_')}"
+
+
+def render_bake(matrix: Matrix, others: list[Matrix] = ()) -> str:
+    """One target per row of targets.yaml at its own release (the default group), then each row of
+    each other release (others) under its release's name and group."""
     lines = HEADER.splitlines() + [""]
     for var, default in [*PER_COMMIT.values(), WHEELS_URL]:
         lines += _block("variable", var, [f"  default = {_string(default)}"])
@@ -96,36 +103,53 @@ def render_bake(matrix: Matrix) -> str:
     for name, t in matrix.targets.items():
         for alias in t.aliases:
             lines += _block("group", target_name(matrix, alias), [f"  targets = {_list([target_name(matrix, name)])}"])
+    for view in others:
+        rows = [release_target_name(view, n) for n in view.targets]
+        group = f"{view.project.image}-v{view.project.vllm_version.replace('.', '_')}"
+        version = view.project.vllm_version
+        lines += [
+            f"# vLLM {version} (releases/vllm-{version}.yaml): run `python build.py stage --vllm {version}` first."
+        ]
+        lines += _block("group", group, [f"  targets = {_list(rows)}"])
     lines += [
         "# Shared by every target. Host networking, as build.py builds (it needs no bridge); BuildKit",
         "# may ask you to confirm it with `--allow network.host`.",
     ]
     lines += _block("target", "_common", ['  context = "."', '  network = "host"'])
-    for name, t in matrix.targets.items():
-        args = build_args(matrix, name)
-        body = [
-            '  inherits = ["_common"]',
-            f"  dockerfile = {_string(dockerfile_name(t.family))}",
-            f"  tags = {_list([matrix.tag(name)])}",
-            *_map("args", args),
-            *_map("labels", {label: args[arg] for label, arg in BUILD_FACTS.items()}),
-        ]
-        stage1 = None
-        if t.stage1:
-            # build.py builds stage 1 when its tag is missing; here the base resolves to that
-            # target through a named context (BuildKit matches it against FROM ${BASE_IMAGE}).
-            stage1 = f"{target_name(matrix, name)}-base"
-            body += _map("contexts", {t.base.ref: f"target:{stage1}"})
-        lines += _block("target", target_name(matrix, name), body)
-        if stage1:
-            lines += [f"# Stage 1 of {name}: {dockerfile_name(t.family + '-vllm')} on the image it names."]
-            lines += _block(
-                "target",
-                stage1,
-                [
-                    '  inherits = ["_common"]',
-                    f"  dockerfile = {_string(dockerfile_name(t.family + '-vllm'))}",
-                    f"  tags = {_list([t.base.image])}",
-                ],
-            )
+    for name in matrix.targets:
+        lines += _target_blocks(matrix, name, target_name(matrix, name))
+    for view in others:
+        for name in view.targets:
+            lines += _target_blocks(view, name, release_target_name(view, name))
     return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def _target_blocks(matrix: Matrix, name: str, bake_name: str) -> list[str]:
+    t = matrix.targets[name]
+    args = build_args(matrix, name)
+    body = [
+        '  inherits = ["_common"]',
+        f"  dockerfile = {_string(dockerfile_name(t.family))}",
+        f"  tags = {_list([matrix.tag(name)])}",
+        *_map("args", args),
+        *_map("labels", {label: args[arg] for label, arg in BUILD_FACTS.items()}),
+    ]
+    stage1 = None
+    if t.stage1:
+        # build.py builds stage 1 when its tag is missing; here the base resolves to that
+        # target through a named context (BuildKit matches it against FROM ${BASE_IMAGE}).
+        stage1 = f"{bake_name}-base"
+        body += _map("contexts", {t.base.ref: f"target:{stage1}"})
+    lines = _block("target", bake_name, body)
+    if stage1:
+        lines += [f"# Stage 1 of {name}: {dockerfile_name(t.family + '-vllm')} on the image it names."]
+        lines += _block(
+            "target",
+            stage1,
+            [
+                '  inherits = ["_common"]',
+                f"  dockerfile = {_string(dockerfile_name(t.family + '-vllm'))}",
+                f"  tags = {_list([t.base.image])}",
+            ],
+        )
+    return lines

@@ -70,7 +70,7 @@ def render_all(matrix: Matrix, others: list[Matrix] | None = None) -> dict[str, 
             recipe = {**view.recipe(name), "labels": BUILD_FACTS}
             out[view.recipe_file(name)] = json.dumps(recipe, indent=2) + "\n"
     out["FIXES.md"] = fixes_table(matrix, others)
-    out[bake.BAKE_FILE] = bake.render_bake(matrix)
+    out[bake.BAKE_FILE] = bake.render_bake(matrix, others)
     return out
 
 

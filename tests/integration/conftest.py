@@ -80,6 +80,8 @@ def shared_images(request):
     with FileLock(Path(tempfile.gettempdir()) / "gemma4-images-tests.lock"):
         for name in ("cpu_image", "unfixed_image"):
             request.getfixturevalue(name)
+        for version in matrix.releases_of("xeon6"):  # each release's CPU image: the serve lane's smoke and fixes
+            request.getfixturevalue("cpu_image_at")(version)
         trained.ensure()
     yield
 

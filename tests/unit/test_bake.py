@@ -148,7 +148,7 @@ def test_render_writes_the_bake_file(m):
     """The committed docker-bake.hcl is one of render's outputs, so `render --check` catches drift."""
     rendered = render.render_all(m)
     assert bake.BAKE_FILE in rendered, "render.render_all does not write docker-bake.hcl (wire in bake.render_bake)"
-    assert rendered[bake.BAKE_FILE] == bake.render_bake(m)
+    assert rendered[bake.BAKE_FILE] == bake.render_bake(m, render.other_releases(m))
 
 
 @pytest.mark.skipif(
@@ -169,3 +169,17 @@ def test_buildx_reads_the_same_args(m, tmp_path):
     assert target["args"]["BASE_IMAGE"] == m.targets["h100"].base.ref
     assert target["args"]["GEMMA4_REVISION"] == "unknown"
     assert target["tags"] == [m.tag("h100")]
+
+
+def test_each_other_release_has_its_targets_and_group(m):
+    others = render.other_releases(m)
+    assert [v.project.vllm_version for v in others] == ["0.32.0"]
+    parsed = parse(bake.render_bake(m, others))
+    target = blocks(parsed, "target")["gemma4-e2b-xeon6-v0_32_0"]
+    assert target["tags"] == ["gemma4-e2b:xeon6-v0.32.0"]
+    assert target["args"]["BASE_IMAGE"] == "vllm/vllm-openai-cpu:v0.32.0-x86_64"
+    assert (
+        target["args"]["GEMMA4_FIXES_PROFILE"] == "vllm-0.32.0" and target["args"]["GEMMA4_VERSION"] == "xeon6-v0.32.0"
+    )
+    assert blocks(parsed, "group")["gemma4-e2b-v0_32_0"]["targets"] == ["gemma4-e2b-xeon6-v0_32_0"]
+    assert "gemma4-e2b-xeon6-v0_32_0" not in blocks(parsed, "group")["default"]["targets"]
