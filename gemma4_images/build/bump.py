@@ -164,6 +164,11 @@ def _transformers(p: Plan, m: Matrix, metas: dict, published: str) -> None:
         raise BumpError(f"no one transformers release fits {specs} as published by {published}")
     pin = chosen.pop()
     project = p.release.setdefault("project", {})
+    if project.get("transformers_version", pin) != pin:
+        raise BumpError(
+            f"the release file pins transformers {project['transformers_version']} for the families already on "
+            f"{p.version}, these families' vLLM takes {pin}: bump them together"
+        )
     project.update({"vllm_version": p.version, "transformers_version": pin})
     p.release["release"]["transformers"] = {
         "requires": {d: s for d, s in specs.items()},
@@ -258,6 +263,8 @@ def _fixes(p: Plan, m: Matrix, metas: dict, drops: dict[str, str], accepts, log)
         for result in results:
             fix = result["fix"]
             name = fix["name"]
+            # A port already in the pack for this profile: a person's, or one an earlier bump of
+            # another family wrote (one profile serves every family whose files it was made on).
             hand = fix.get("ports", {}).get(new_profile)
             if name in drops:
                 record[name] = {"state": "dropped", "fixed_upstream_by": drops[name]}
@@ -269,7 +276,7 @@ def _fixes(p: Plan, m: Matrix, metas: dict, drops: dict[str, str], accepts, log)
                         f"fix {name}: its port for {new_profile} (patches/{name}/ports/{new_profile}.diff) was made "
                         f"on other files than {dist} {p.version}'s; port it again"
                     )
-                record[name] = {"state": "ported by hand"}
+                record[name] = record.get(name) or {"state": "ported by hand"}
             elif result["state"] in ("exact", "rebased") and (
                 name in accepts or not any(e.get("accepted") for e in result["files"].values())
             ):
