@@ -137,13 +137,17 @@ def plan(
     _upstream(p, m)
     _bases(p, m)
     _fixes(p, m, metas, drops, accepts, log)
-    release["release"].update(
-        {
-            "written_by": f"python build.py bump {' '.join(names)} --vllm {version}",
-            "from": old,
-            "date": datetime.date.today().isoformat(),
-        }
+    # The commands that wrote the file, in order: running them again on the release before it
+    # writes the same facts (tests/integration/test_bump.py does).
+    command = " ".join(
+        ["python build.py bump", *names, "--vllm", version]
+        + [f"--drop {fix}={why}" for fix, why in drops.items()]
+        + [f"--accept-merge {fix}" for fix in accepts]
     )
+    commands = release["release"].setdefault("commands", [])
+    if command not in commands:
+        commands.append(command)
+    release["release"].update({"from": old, "date": datetime.date.today().isoformat()})
     return p
 
 
@@ -170,11 +174,12 @@ def _transformers(p: Plan, m: Matrix, metas: dict, published: str) -> None:
             f"{p.version}, these families' vLLM takes {pin}: bump them together"
         )
     project.update({"vllm_version": p.version, "transformers_version": pin})
-    p.release["release"]["transformers"] = {
-        "requires": {d: s for d, s in specs.items()},
-        "chosen": f"the newest release these accept that was on the index on {published[:10]}, "
-        "when this vLLM release was published",
-    }
+    record = p.release["release"].setdefault("transformers", {})
+    record.setdefault("requires", {}).update(specs)
+    record["chosen"] = (
+        "the newest release every one of these accepts that was on the index when the first of their "
+        "vLLM distributions at this release was published"
+    )
     p.changes.append(("transformers", m.project.transformers_version, pin))
 
 
@@ -212,13 +217,13 @@ def _bases(p: Plan, m: Matrix) -> None:
     targets = p.release.setdefault("targets", {})
     for name in p.targets:
         t = m.targets[name]
-        base = t.base.model_dump(exclude_defaults=True)
-        base["image"] = bumped(t.base.image, p.old, p.version, f"{name}'s base")
-        base["digest"] = None
+        # Only what the release changes: matrix.release_overlay keeps the rest of targets.yaml's base.
+        base = {"image": bumped(t.base.image, p.old, p.version, f"{name}'s base"), "digest": None}
         for plat, image in t.base.platforms.items():
-            entry = base["platforms"][plat]
-            entry["image"] = bumped(image.image, p.old, p.version, f"{name}'s {plat} base")
-            entry["digest"] = None
+            base.setdefault("platforms", {})[plat] = {
+                "image": bumped(image.image, p.old, p.version, f"{name}'s {plat} base"),
+                "digest": None,
+            }
         targets.setdefault(name, {})["base"] = base
         p.changes.append((f"{name} base", t.base.image, base["image"]))
         for plat in m.platforms(name):
@@ -440,10 +445,11 @@ def write(p: Plan, log=print, root: Path = ROOT) -> list[str]:
 
 
 def table(p: Plan) -> str:
-    width = max(len(f) for f, _, _ in p.changes)
+    changes = list(dict.fromkeys(p.changes))  # targets sharing a stand-in name it once
+    width = max(len(f) for f, _, _ in changes)
     rows = [f"{'fact':<{width}}  {p.old:<40}  {p.version}"]
-    rows += [f"{f:<{width}}  {a:<40}  {b}" for f, a, b in p.changes if a != b]
-    same = [f for f, a, b in p.changes if a == b]
+    rows += [f"{f:<{width}}  {a:<40}  {b}" for f, a, b in changes if a != b]
+    same = [f for f, a, b in changes if a == b]
     if same:
         rows.append(f"unchanged: {', '.join(same)}")
     return "\n".join(rows)

@@ -609,8 +609,8 @@ def releases(path: Path = TARGETS_FILE, releases_dir: Path = RELEASES) -> list[s
 
 # A release file's top-level keys: each one given replaces targets.yaml's (`release` is the record
 # of how the file was made, not a fact of the images). Under `project` each key replaces its own;
-# under `standins` and `targets` each entry's keys replace that entry's, and only the targets listed
-# are built on the release.
+# under `standins` and `targets` each entry's keys replace that entry's (a target's `base` key by key,
+# and each of its platforms key by key), and only the targets listed are built on the release.
 RELEASE_KEYS = {"release", "project", "audio_extras", "upstream_files", "standins", "targets"}
 
 
@@ -635,6 +635,13 @@ def release_overlay(raw: dict, rel: dict, where: str) -> dict:
         if name not in raw["targets"]:
             raise MatrixError(f"{where}: targets.{name} is not a target of targets.yaml")
         targets[name] = {**raw["targets"][name], **fields}
+        if "base" in fields:  # a base's keys, and each of its platforms' keys, replace their own
+            own = raw["targets"][name]["base"]
+            platforms_ = {
+                p: {**own.get("platforms", {}).get(p, {}), **image}
+                for p, image in fields["base"].get("platforms", {}).items()
+            }
+            targets[name]["base"] = {**own, **fields["base"], "platforms": {**own.get("platforms", {}), **platforms_}}
     version = out["project"]["vllm_version"]
     missing = {}
     for name, t in raw["targets"].items():

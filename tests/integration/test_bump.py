@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -82,16 +83,21 @@ def one_line(r) -> str:
 
 def test_bump_writes_the_committed_release_again(clone):
     unreleased(clone)
-    r = bump(clone, *ACCEPT)
-    assert r.returncode == 0, r.stderr
-    # The table of what changed, then what was written.
-    assert "transformers" in r.stdout and "5.17.0" in r.stdout and "5.19.0" in r.stdout
-    assert "fixes profile" in r.stdout and PROFILE in r.stdout
-    written = yaml.safe_load((clone / f"releases/vllm-{VERSION}.yaml").read_text())
     committed = yaml.safe_load((ROOT / f"releases/vllm-{VERSION}.yaml").read_text())
+    # The commands the release file says wrote it, replayed in order (the first: the CPU family's).
+    commands = committed["release"]["commands"]
+    assert commands[0] == f"python build.py bump cpu --vllm {VERSION} " + " ".join(ACCEPT)
+    for command in commands:
+        r = build_py(*shlex.split(command)[2:], cwd=clone)
+        assert r.returncode == 0, r.stderr
+        # The table of what changed, then what was written.
+        assert "transformers" in r.stdout and "5.17.0" in r.stdout and "5.19.0" in r.stdout
+        assert "fixes profile" in r.stdout and PROFILE in r.stdout
+    written = yaml.safe_load((clone / f"releases/vllm-{VERSION}.yaml").read_text())
     written["release"].pop("date"), committed["release"].pop("date")
     assert written == committed
-    for rel in [f"patches/profiles/{PROFILE}.json", "FIXES.md", f"image/recipes/xeon6-v{VERSION}.json"]:
+    recipes = [str(p.relative_to(ROOT)) for p in ROOT.glob(f"image/recipes/*-v{VERSION}.json")]
+    for rel in [f"patches/profiles/{PROFILE}.json", "FIXES.md", "docker-bake.hcl", *recipes]:
         assert (clone / rel).read_text() == (ROOT / rel).read_text(), rel
     for diff in ROOT.glob(f"patches/*/ports/{PROFILE}.diff"):
         rel = diff.relative_to(ROOT)
