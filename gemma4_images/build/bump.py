@@ -268,32 +268,33 @@ def _fixes(p: Plan, m: Matrix, metas: dict, drops: dict[str, str], accepts, log)
         for result in results:
             fix = result["fix"]
             name = fix["name"]
-            # A port already in the pack for this profile: a person's, or one an earlier bump of
-            # another family wrote (one profile serves every family whose files it was made on).
-            hand = fix.get("ports", {}).get(new_profile)
+            # A port already in the pack for this profile: a person's, or one an earlier bump wrote
+            # (of another family, whose files are the same: one profile serves both).
+            kept = fix.get("ports", {}).get(new_profile)
+            accepted = any(e.get("accepted") for e in result["files"].values())
+            merged = result["state"] in ("exact", "rebased") and (name in accepts or not accepted)
+            state = tool.pf.STATES[result["state"]] + (
+                " (upstream changed lines of its context: git's merge taken with --accept-merge)" if accepted else ""
+            )
             if name in drops:
                 record[name] = {"state": "dropped", "fixed_upstream_by": drops[name]}
             elif tool.same_file(result, sha):
                 record[name] = {"state": "same file"}
-            elif hand:
-                if any(hand["pre_sha256"].get(q) != sha[q] for q in fix["files"]):
+            elif kept:
+                if any(kept["pre_sha256"].get(q) != sha[q] for q in fix["files"]):
                     raise BumpError(
                         f"fix {name}: its port for {new_profile} (patches/{name}/ports/{new_profile}.diff) was made "
                         f"on other files than {dist} {p.version}'s; port it again"
                     )
-                record[name] = record.get(name) or {"state": "ported by hand"}
-            elif result["state"] in ("exact", "rebased") and (
-                name in accepts or not any(e.get("accepted") for e in result["files"].values())
-            ):
-                accepted = any(e.get("accepted") for e in result["files"].values())
-                record[name] = {
-                    "state": tool.pf.STATES[result["state"]]
-                    + (
-                        " (upstream changed lines of its context: git's merge taken with --accept-merge)"
-                        if accepted
-                        else ""
-                    )
-                }
+                # The merge's own diff when the kept port is that (the state comes from the files,
+                # not from history); else a person made it.
+                diff = (ROOT / "patches" / name / "ports" / f"{new_profile}.diff").read_text()
+                ours = "".join(
+                    tool.pf.unified(q, result["files"][q]["pre"], result["files"][q]["post"]) for q in fix["files"]
+                )
+                record[name] = {"state": state if merged and diff == ours else "ported by hand"}
+            elif merged:
+                record[name] = {"state": state}
                 p.ports.append((result, new_profile, label, sha, upstream, theirs, images))
             else:
                 where = "; ".join(
