@@ -22,8 +22,9 @@ def v032():
     return matrix.load(vllm="0.32.0")
 
 
-def test_the_committed_0_32_0_release_builds_xeon6_only_with_its_own_facts(v032):
-    assert list(v032.targets) == ["xeon6"] and v032.overlay and v032.report_release == "0.32.0"
+def test_the_committed_0_32_0_release_builds_the_cpu_and_cuda_targets_with_their_own_facts(v032):
+    assert sorted(v032.targets) == ["b200", "b300", "h100", "h200", "xeon6"]
+    assert v032.overlay and v032.report_release == "0.32.0"
     assert v032.project.vllm_version == "0.32.0" and v032.project.transformers_version == "5.19.0"
     assert v032.tag("xeon6") == "gemma4-e2b:xeon6-v0.32.0"
     assert v032.tag("xeon6", "linux/arm64") == "gemma4-e2b:xeon6-v0.32.0-arm64"
@@ -32,7 +33,12 @@ def test_the_committed_0_32_0_release_builds_xeon6_only_with_its_own_facts(v032)
     assert v032.standin("xeon6").tag == "gemma4-e2b-base/vllm-cpu:v0.32.0-local"
     assert v032.standin("xeon6").lock == "requirements/v0.32.0/cpu-base.lock"
     assert v032.standin("xeon6").dockerfile == "bases/vllm-cpu-local/Dockerfile"  # targets.yaml's, kept
-    assert set(v032.standins) == {"vllm-cpu", "vllm-cpu-arm64"}  # the others' families are not in it
+    # the TPU family's is not in it; the CUDA stand-in's lock is the release's own
+    assert set(v032.standins) == {"vllm-cpu", "vllm-cpu-arm64", "vllm-cuda13", "vllm-cuda13-arm64"}
+    assert v032.standin("b200").lock == "requirements/v0.32.0/cuda-base.lock"
+    # a base's facts the release does not change are targets.yaml's (the overlay merges key by key)
+    assert v032.base_on("h100").cuda == "12.9" and v032.base_on("h100").image == "vllm/vllm-openai:v0.32.0-cu129"
+    assert v032.base_on("h100", "linux/arm64").no_standin == matrix.load().base_on("h100", "linux/arm64").no_standin
     assert v032.targets["xeon6"].fixes.profile == "vllm-0.32.0"
     assert v032.upstream_files["examples/tool_chat_template_gemma4.jinja"].sdist == "vllm-0.32.0.tar.gz"
     assert v032.recipe_file("xeon6") == "image/recipes/xeon6-v0.32.0.json"
@@ -44,7 +50,7 @@ def test_the_committed_0_32_0_release_builds_xeon6_only_with_its_own_facts(v032)
 
 
 def test_a_target_the_release_does_not_build_is_one_line(v032):
-    for name in ("gaudi2", "b200"):
+    for name in ("gaudi2", "trillium", "mi300x"):
         with pytest.raises(MatrixError, match=f"{name} is not built on vLLM 0.32.0"):
             v032.resolve(name)
     assert v032.resolve("cpu") == "xeon6"  # aliases still resolve
@@ -62,6 +68,7 @@ def test_releases_and_views_are_in_release_order():
     assert matrix.releases()[0] == OWN and "0.32.0" in matrix.releases()
     assert list(matrix.views()) == matrix.releases()
     assert matrix.releases_of("xeon6") == [OWN, "0.32.0"] and matrix.releases_of("gaudi2") == [OWN]
+    assert matrix.releases_of("b300") == [OWN, "0.32.0"]
     assert sorted(["0.10.0", "0.9.1", "0.30.0"], key=matrix.version_key) == ["0.9.1", "0.10.0", "0.30.0"]
 
 
