@@ -12,7 +12,7 @@ import shlex
 import pytest
 
 from gemma4_images.build import images, localbase, probe
-from gemma4_images.spec import facts
+from gemma4_images.spec import facts, matrix
 from gemma4_images.spec.facts import BUILD_FACTS
 from gemma4_images.spec.image_code import gemma4_serve as serve
 from gemma4_images.spec.matrix import ROOT
@@ -63,6 +63,41 @@ def test_cuda_images_carry_the_real_vllm_and_their_fixes(client, m, built):
     commit, cuda, system_python, states = probe.python(client, built[1]["b300"], script)
     assert commit.removeprefix("g").startswith("ced6857a") and cuda == "13.0" and system_python
     assert states == ["applied"] * len(m.fixes("b300")), states
+
+
+@pytest.mark.parametrize("version", [v for v in matrix.releases_of("b300") if v != matrix.load().project.vllm_version])
+def test_cuda_image_builds_on_each_other_release(client, version):
+    # The release's own CUDA 13.0 stand-in (PyPI vllm at that release, its lock) and every build
+    # step on it: audio extras, the release's fixes profile (its ports), the self-check and launch
+    # check by that vLLM's parser, the labels. Nothing runs on a GPU.
+    view = matrix.load(vllm=version)
+    base = localbase.standin_base(client, view, view.targets["b300"].base.standin, print)
+    tag = images.build_target(
+        client,
+        view,
+        "b300",
+        base_override=base,
+        tokenizer_source=str(tiny_model.ensure()),
+        tag=f"gemma4-e2b-test/b300:standin-v{version}",
+        log=print,
+    )
+    script = (
+        "import json, torch, av, vllm._version as v; "
+        "print(json.dumps([v.__version__, torch.version.cuda, "
+        "[(f['name'], f['state'], f.get('port')) for f in json.load(open('/etc/gemma4-e2b/fixes.json'))['fixes']]]))"
+    )
+    got, cuda, fixes = probe.python(client, tag, script)
+    assert got == version and cuda == "13.0"
+    profile = view.targets["b300"].fixes.profile
+    ported = {
+        n
+        for n in view.fixes("b300")
+        if profile in json.loads((ROOT / "patches" / n / "fix.json").read_text()).get("ports", {})
+    }
+    assert fixes == [[n, "applied", profile if n in ported else None] for n in view.fixes("b300")]
+    labels = client.images.get(tag).labels
+    assert labels["io.gemma4-images.vllm-version"] == version
+    assert labels["org.opencontainers.image.version"] == f"b300-v{version}"
 
 
 def test_tpu_images_carry_vllm_tpu_on_cpython_3_12_and_their_ported_fixes(client, m, built):
