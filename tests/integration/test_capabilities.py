@@ -42,11 +42,11 @@ def self_check(client, image, shell: str, recipe: str | None = None) -> tuple[in
     check reads that target's committed recipe (what its own image bakes) instead of the image's."""
     kw = {}
     if recipe:
+        path = matrix.ROOT / matrix.load().recipe_file(recipe)
+        assert path.is_file(), path  # else docker would make an empty folder there to bind
         kw = {
             "environment": {"GEMMA4_RECIPE": "/tmp/recipe.json"},
-            "volumes": {
-                str(matrix.ROOT / "image" / "recipes" / f"{recipe}.json"): {"bind": "/tmp/recipe.json", "mode": "ro"}
-            },
+            "volumes": {str(path): {"bind": "/tmp/recipe.json", "mode": "ro"}},
         }
     container = client.containers.run(
         image,
