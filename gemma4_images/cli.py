@@ -462,12 +462,27 @@ def tag_cmd(target, tiny, platform):
     metavar="KEY=VALUE",
     help="GEMMA4_VARIANT, GEMMA4_FEATURES, GEMMA4_MODEL or any other variable.",
 )
+@click.option(
+    "--strategy",
+    default="single_node_tp",
+    show_default=True,
+    help="The recipe page's strategy: single_node_tp, or multi_node_tp (one node of --nodes; run it on each).",
+)
+@click.option("--nodes", type=int, help="multi_node_tp: how many nodes the tensor parallelism spans.")
+@click.option(
+    "--node-rank", type=int, help="multi_node_tp: this node's rank (0 serves the API, the others run headless)."
+)
+@click.option("--master-addr", help="multi_node_tp: the address node 0 is reached at.")
+@click.option("--master-port", type=int, help="multi_node_tp: node 0's rendezvous port (default 29501).")
 @click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED)
 @VLLM
-def run(target, image, print_only, env, vllm_args):
+def run(target, image, print_only, env, strategy, nodes, node_rank, master_addr, master_port, vllm_args):
     """Run TARGET's image with the recipe's device flags; VLLM_ARGS are appended to the launch."""
     m = load(target)
-    env_map = parse_build_args(env)
+    env_map = {
+        **running.strategy_env(m, target, strategy, nodes, node_rank, master_addr, master_port),
+        **parse_build_args(env),
+    }
     line = running.run_line(m, target, image, env_map, list(vllm_args))
     if print_only:
         click.echo(line)

@@ -12,6 +12,12 @@ Chosen at `docker run` time, without rebuilding:
   GEMMA4_MODEL     a hub id or a path inside the container, instead of the variant's model
                    (a path, with nothing else in the launch naming a hub repository, turns on the
                    hub's offline mode: HF_HUB_OFFLINE=1, unless HF_HUB_OFFLINE is set already)
+  GEMMA4_STRATEGY  single_node_tp (default) | multi_node_tp   (the recipe page's strategies)
+                   multi_node_tp: tensor parallelism over GEMMA4_NODES nodes, each running this
+                   image with GEMMA4_NODE_RANK (0 serves the API; the others run headless),
+                   GEMMA4_MASTER_ADDR (node 0's address) and GEMMA4_MASTER_PORT (default 29501);
+                   under a LeaderWorkerSet these default to LWS_GROUP_SIZE, LWS_WORKER_INDEX and
+                   LWS_LEADER_ADDRESS
 Own options (removed before the launch): --print-command, --self-check [--seed-model-info]
 [FLAGS...] (every launch, FLAGS appended, also goes through vLLM's own parser), --healthcheck,
 --ready, --write-build-info PATH (and --probe PLAN, the self-check's child).
@@ -126,6 +132,7 @@ def compose(recipe: dict, env: dict, user_args: list[str]) -> list[str]:
         cmd += recipe["features"][name]
     if recipe.get("tokenizer"):
         cmd += ["--tokenizer", recipe["tokenizer"]]
+    cmd += strategy_args(recipe, env, model)
     cmd += list(user_args)
     return cmd if recipe["audio"] else refuse_audio(recipe, cmd)
 
@@ -190,6 +197,64 @@ OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 # out of their own accord, so the entrypoint turns it off unless the user chose
 # (VLLM_NO_USAGE_STATS=0 turns it back on).
 USAGE_STATS_VARS = ("VLLM_NO_USAGE_STATS", "VLLM_DO_NOT_TRACK", "DO_NOT_TRACK")
+
+
+DEFAULT_MASTER_PORT = "29501"
+
+
+def strategy_args(recipe: dict, env: dict, model: str) -> list[str]:
+    """The flags of the recipe page's strategy: none for single_node_tp; for multi_node_tp vLLM's
+    multiprocessing multi-node flags (no Ray: vLLM's stock images have none since 0.19), the
+    tensor parallelism of one node (the recipe's --tensor-parallel-size) times the nodes."""
+    name = env.get("GEMMA4_STRATEGY") or "single_node_tp"
+    strategies = recipe.get("strategies") or {"single_node_tp": None}  # a recipe made by hand names none
+    if name not in strategies:
+        raise UsageError(f"GEMMA4_STRATEGY={name!r} is not a strategy; valid: {', '.join(strategies)}")
+    if strategies[name]:  # why the target's recipe does not allow it
+        raise UsageError(f"GEMMA4_STRATEGY={name} is not available on {recipe['target']}: {strategies[name]}")
+    if name == "single_node_tp":
+        return []
+
+    def number(var: str, lws: str, default: str | None = None) -> int:
+        value = env.get(var) or env.get(lws) or default
+        if value is None or not value.isdigit():
+            raise UsageError(
+                f"{var}={value or ''!r}: multi_node_tp needs a whole number there (or {lws}, as a "
+                "LeaderWorkerSet sets it)"
+            )
+        return int(value)
+
+    nodes = number("GEMMA4_NODES", "LWS_GROUP_SIZE")
+    if nodes < 2:
+        raise UsageError(f"GEMMA4_NODES={nodes}: multi_node_tp spans 2 nodes or more; use single_node_tp on one")
+    rank = number("GEMMA4_NODE_RANK", "LWS_WORKER_INDEX")
+    if rank >= nodes:
+        raise UsageError(f"GEMMA4_NODE_RANK={rank} is not a node of {nodes} (0 to {nodes - 1})")
+    addr = env.get("GEMMA4_MASTER_ADDR") or env.get("LWS_LEADER_ADDRESS")
+    if not addr:
+        raise UsageError("multi_node_tp needs GEMMA4_MASTER_ADDR, the address of node 0 (or LWS_LEADER_ADDRESS)")
+    port = env.get("GEMMA4_MASTER_PORT") or DEFAULT_MASTER_PORT
+    tp = int(flag_value(recipe["args"], "--tensor-parallel-size") or 1) * nodes
+    heads = attention_heads(model)
+    if heads and heads % tp:
+        raise UsageError(
+            f"tensor parallelism {tp} ({nodes} nodes) does not divide the model's {heads} attention heads; "
+            f"use a number of nodes that does ({', '.join(str(n) for n in range(2, heads + 1) if heads % n == 0)})"
+        )
+    args = ["--tensor-parallel-size", str(tp), "--nnodes", str(nodes), "--node-rank", str(rank)]
+    args += ["--master-addr", addr, "--master-port", port]
+    return args + (["--headless"] if rank else [])
+
+
+def attention_heads(model: str) -> int | None:
+    """The text model's attention heads, from a local model's config.json (None for a hub id: vLLM
+    checks the split itself when it starts)."""
+    try:
+        with open(os.path.join(model, "config.json")) as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return config.get("text_config", config).get("num_attention_heads")
 
 
 def usage_stats_env(env: dict) -> dict:
@@ -688,6 +753,11 @@ def _recorded(path: str) -> str | None:
 
 
 def healthcheck(recipe: dict) -> int:
+    if (
+        os.environ.get("GEMMA4_STRATEGY") == "multi_node_tp"
+        and (os.environ.get("GEMMA4_NODE_RANK") or os.environ.get("LWS_WORKER_INDEX") or "0") != "0"
+    ):
+        return 0  # a headless node serves no HTTP: it is healthy while its vLLM (PID 1) runs
     port = _recorded(PORT_FILE) or recipe["port"]
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:

@@ -24,6 +24,7 @@ SERVE = {
     "test_fix_gemma4_buffered_tool_args.py",
     "test_fix_gemma4_required_tool_grammar.py",
     "test_fix_logprobs_decode_guard.py",
+    "test_multi_node_cpu.py",
 }
 NO_ENGINE = {"test_apply_all_real_vllm.py", "test_fix_pack_applies.py", "test_bump.py"}
 INTEGRATION = "tests/integration/"

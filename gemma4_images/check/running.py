@@ -7,7 +7,7 @@ import os
 import re
 import shlex
 
-from gemma4_images.spec.matrix import Matrix, Present, Run
+from gemma4_images.spec.matrix import Matrix, MatrixError, Present, Run
 
 HF_CACHE = "/root/.cache/huggingface"
 
@@ -79,11 +79,59 @@ def run_args(
     extra: list[str] | None = None,
 ) -> list[str]:
     """The recipe's `docker run` for a target: its device flags, the HF cache, then the image."""
-    args = ["docker", "run", "--rm", *docker_flags(matrix.targets[name].run)]
+    run = matrix.targets[name].run
+    if (env or {}).get("GEMMA4_STRATEGY") == "multi_node_tp":
+        run = node_run(run)
+    args = ["docker", "run", "--rm", *docker_flags(run)]
     args += ["-v", f"$HOME/.cache/huggingface:{HF_CACHE}"]
     for key, value in (env or {}).items():
         args += ["-e", f"{key}={value}"]
     return args + [image or matrix.tag(name), *(extra or [])]
+
+
+def node_run(run: Run) -> Run:
+    """The target's `run` fields for one node of multi_node_tp. The host's network: the nodes reach
+    each other on ports vLLM picks at start (its message queues, the collectives), not only the
+    rendezvous port, as vLLM's multi-node Docker examples run it (and the API needs no -p). No host
+    IPC namespace: two nodes on one host sharing it hang at start-up, right after vLLM's CPU
+    communicator is set up (measured: both nodes of the CPU image with --ipc=host, 90 s and no
+    /health; without it, healthy in 26 s); /dev/shm is sized as in a pod instead."""
+    return run.model_copy(update={"network": "host", "publish": [], "ipc": None, "shm_size": run.shm_size or "16g"})
+
+
+def strategy_env(
+    matrix: Matrix,
+    name: str,
+    strategy: str,
+    nodes: int | None = None,
+    rank: int | None = None,
+    master_addr: str | None = None,
+    master_port: int | None = None,
+) -> dict[str, str]:
+    """The entrypoint's environment for one node of the recipe page's strategy (what
+    gemma4_serve.strategy_args reads), or a MatrixError naming the bad input."""
+    if strategy not in matrix.strategies:
+        raise MatrixError(f"--strategy {strategy!r} is not a strategy; valid: {', '.join(matrix.strategies)}")
+    why = matrix.targets[name].serve.unsupported_strategies.get(strategy)
+    if why:
+        raise MatrixError(f"--strategy {strategy} is not available on {name}: {why}")
+    if strategy == "single_node_tp":
+        if nodes not in (None, 1) or rank or master_addr:
+            raise MatrixError("--nodes, --node-rank and --master-addr are for --strategy multi_node_tp")
+        return {}
+    if nodes is None or nodes < 2:
+        raise MatrixError(f"--nodes {nodes}: multi_node_tp spans 2 nodes or more; give --nodes N (N >= 2)")
+    if rank is None or not 0 <= rank < nodes:
+        raise MatrixError(f"--node-rank {rank}: give this node's rank, 0 to {nodes - 1} (0 serves the API)")
+    if not master_addr:
+        raise MatrixError("multi_node_tp needs --master-addr, the address node 0 is reached at")
+    env = {
+        "GEMMA4_STRATEGY": strategy,
+        "GEMMA4_NODES": str(nodes),
+        "GEMMA4_NODE_RANK": str(rank),
+        "GEMMA4_MASTER_ADDR": master_addr,
+    }
+    return env | ({"GEMMA4_MASTER_PORT": str(master_port)} if master_port else {})
 
 
 def run_line(*a, **kw) -> str:

@@ -89,13 +89,15 @@ def container_for(
     network_mode: str = "host",
     keep_compiles: bool = True,
     image_id: str | None = None,
+    node: bool = False,
 ):
     """The container as targets.yaml says to run it, bound to 127.0.0.1:port, plus the model.
     network_mode "none": no network at all, reached through `docker exec` (the model-image proof).
     keep_compiles False: no host folder for the compile cache either (nothing of the host mounted).
-    image_id: the image's id when the caller has it already (else looked up for the cache)."""
+    image_id: the image's id when the caller has it already (else looked up for the cache).
+    node: one node of multi_node_tp (running.node_run: no host IPC namespace)."""
     t = matrix.targets[target]
-    kw = running.sdk_kwargs(t.run)
+    kw = running.sdk_kwargs(running.node_run(t.run) if node else t.run)
     env = {**kw.pop("environment"), **t.smoke.env, **emulation.serve_env(_architecture(image))}
     args = [*t.smoke.args, "--host", "127.0.0.1", "--port", str(port), *extra_args]
     if t.smoke.shm_size:

@@ -187,6 +187,8 @@ class Serve(Strict):
     default_features: list[str]
     features: dict[str, list[str]] = {}
     unsupported_features: dict[str, str] = {}
+    # Strategies (Matrix.strategies) the target's recipe does not allow, each with why.
+    unsupported_strategies: dict[str, str] = {}
 
     @field_validator("default_features")
     @classmethod
@@ -287,6 +289,7 @@ class Matrix(Strict):
     project: Project
     audio_extras: list[str]
     features: dict[str, list[str]]
+    strategies: dict[str, str]  # the recipe page's strategy toggle: name -> what it does
     variants: dict[str, Variant]
     upstream_files: dict[str, UpstreamFile]
     families: dict[str, Family]
@@ -477,6 +480,8 @@ class Matrix(Strict):
             "default_features": t.serve.default_features,
             "features": features,
             "unsupported_features": t.serve.unsupported_features,
+            # Each strategy: null where the target allows it, else why not (the entrypoint says it).
+            "strategies": {s: t.serve.unsupported_strategies.get(s) for s in self.strategies},
             "tokenizer": TOKENIZER_PATH if t.bos_tokenizer else None,
             "audio": t.audio,
             # What the self-check holds the base to, and the bases to name when it does not fit.
