@@ -727,12 +727,20 @@ def verify(ref, key, policy, signatures, dest, attachments_dir, require_attachme
     help="Serve the model from this `model-image` image (an image volume) instead of the hub and its cache.",
 )
 @click.option("--model-name", help="Its folder under /models (default: the last part of its repository).")
+@click.option(
+    "--strategy",
+    default="single_node_tp",
+    show_default=True,
+    help="The recipe page's strategy; multi_node_tp renders a LeaderWorkerSet of --nodes pods per replica.",
+)
+@click.option("--nodes", type=int, help="multi_node_tp: the pods (nodes) each replica's tensor parallelism spans.")
 @VLLM
-def k8s(target, replicas, image, pvc, no_pvc, secret, model_image, model_name):
-    """Print a Kubernetes Deployment + Service for TARGET."""
+def k8s(target, replicas, image, pvc, no_pvc, secret, model_image, model_name, strategy, nodes):
+    """Print a Kubernetes Deployment (or LeaderWorkerSet, multi_node_tp) + Service for TARGET."""
     from gemma4_images.generate import k8s as k8s_mod
 
     m, name = load(target), target
+    running.check_strategy(m, name, strategy, nodes)
     if model_name and not model_image:
         fail("--model-name names the folder of a --model-image; give the image too", 2)
     if model_image and not model_name:
@@ -753,6 +761,8 @@ def k8s(target, replicas, image, pvc, no_pvc, secret, model_image, model_name):
             hf_token_secret=secret,
             model_image=model_image,
             model_name=model_name,
+            strategy=strategy,
+            nodes=nodes,
         ),
         nl=False,
     )

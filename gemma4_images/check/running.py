@@ -99,6 +99,23 @@ def node_run(run: Run) -> Run:
     return run.model_copy(update={"network": "host", "publish": [], "ipc": None, "shm_size": run.shm_size or "16g"})
 
 
+def check_strategy(matrix: Matrix, name: str, strategy: str, nodes: int | None) -> str:
+    """strategy, when target name's recipe allows it with nodes (None: not given), else a MatrixError
+    naming the bad input."""
+    if strategy not in matrix.strategies:
+        raise MatrixError(f"--strategy {strategy!r} is not a strategy; valid: {', '.join(matrix.strategies)}")
+    why = matrix.targets[name].serve.unsupported_strategies.get(strategy)
+    if why:
+        raise MatrixError(f"--strategy {strategy} is not available on {name}: {why}")
+    if strategy == "single_node_tp" and nodes not in (None, 1):
+        raise MatrixError("--nodes, --node-rank and --master-addr are for --strategy multi_node_tp")
+    if strategy == "multi_node_tp" and nodes is None:
+        raise MatrixError("multi_node_tp needs --nodes N, the nodes it spans (N >= 2)")
+    if strategy == "multi_node_tp" and nodes < 2:
+        raise MatrixError(f"--nodes {nodes}: multi_node_tp spans 2 nodes or more; give --nodes N (N >= 2)")
+    return strategy
+
+
 def strategy_env(
     matrix: Matrix,
     name: str,
@@ -110,17 +127,10 @@ def strategy_env(
 ) -> dict[str, str]:
     """The entrypoint's environment for one node of the recipe page's strategy (what
     gemma4_serve.strategy_args reads), or a MatrixError naming the bad input."""
-    if strategy not in matrix.strategies:
-        raise MatrixError(f"--strategy {strategy!r} is not a strategy; valid: {', '.join(matrix.strategies)}")
-    why = matrix.targets[name].serve.unsupported_strategies.get(strategy)
-    if why:
-        raise MatrixError(f"--strategy {strategy} is not available on {name}: {why}")
-    if strategy == "single_node_tp":
-        if nodes not in (None, 1) or rank or master_addr:
+    if check_strategy(matrix, name, strategy, nodes) == "single_node_tp":
+        if rank or master_addr:
             raise MatrixError("--nodes, --node-rank and --master-addr are for --strategy multi_node_tp")
         return {}
-    if nodes is None or nodes < 2:
-        raise MatrixError(f"--nodes {nodes}: multi_node_tp spans 2 nodes or more; give --nodes N (N >= 2)")
     if rank is None or not 0 <= rank < nodes:
         raise MatrixError(f"--node-rank {rank}: give this node's rank, 0 to {nodes - 1} (0 serves the API)")
     if not master_addr:

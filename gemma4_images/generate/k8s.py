@@ -242,8 +242,11 @@ def render_k8s(
     model_image: str | None = None,
     model_name: str | None = None,
     image_platforms: list[str] | None = None,
+    strategy: str = "single_node_tp",
+    nodes: int | None = None,
 ) -> str:
-    """Deployment + Service (multi-document YAML). image may already be repo@digest (from
+    """Deployment + Service (multi-document YAML); for multi_node_tp a LeaderWorkerSet of nodes pods
+    per replica instead of the Deployment (lws_set). image may already be repo@digest (from
     reports/pushed.json); hf_cache_pvc=None keeps the cache in the pod (an emptyDir). model_image
     (a `build.py model-image` reference holding /models/<model_name>) is mounted instead of the
     HF cache and token. image_platforms: the platforms the image holds (what pushed.json records
@@ -255,6 +258,8 @@ def render_k8s(
     model = _model_pieces(model_image, model_name) if model_image else None
     container = _container(matrix, name, _image(matrix, name, image, digest), hf_token_secret, model)
     version = Reference.split(matrix.tag(name)).tag
+    if strategy == "multi_node_tp":
+        labels = {**labels, LWS_ROLE: "leader"}  # the Service sends requests to leaders only
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -280,13 +285,59 @@ def render_k8s(
         "metadata": {"name": app, "labels": labels},
         "spec": {"selector": labels, "ports": [{"name": HTTP, "port": matrix.project.port, "targetPort": HTTP}]},
     }
+    if strategy == "multi_node_tp":
+        pod = deployment["spec"]["template"]["spec"]
+        deployment = lws_set(deployment["metadata"], labels, replicas, nodes, pod)
     dump = lambda doc: yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=110)  # noqa: E731
-    return (
-        _header(matrix, name, hf_cache_pvc, hf_token_secret, model_image, image_platforms)
-        + dump(deployment)
-        + "---\n"
-        + dump(service)
-    )
+    header = _header(matrix, name, hf_cache_pvc, hf_token_secret, model_image, image_platforms)
+    if strategy == "multi_node_tp":
+        header += "".join(
+            line + "\n"
+            for line in textwrap.wrap(
+                f"multi_node_tp over {nodes} nodes: a LeaderWorkerSet (leaderworkerset.x-k8s.io/v1, LWS "
+                f"{LWS_VERSION}+ installed) of {nodes} pods per replica; LWS gives each pod LWS_LEADER_ADDRESS, "
+                "LWS_GROUP_SIZE and LWS_WORKER_INDEX, from which the entrypoint composes vLLM's multi-node "
+                "flags (docs/run.md). The Service reaches the leaders; the workers run headless.",
+                98,
+                initial_indent="# ",
+                subsequent_indent="#   ",
+            )
+        )
+    return header + dump(deployment) + "---\n" + dump(service)
+
+
+# LeaderWorkerSet: the pods of one group are created, and restarted, together (a node lost is a
+# tensor-parallel group lost). LWS v0.10.0's API (kubernetes-sigs/lws api/leaderworkerset/v1): the
+# schema tests/unit/test_k8s.py validates against is that release's CRD.
+LWS_VERSION = "v0.10.0"
+LWS_ROLE = "gemma4-images/role"
+
+
+def lws_set(metadata: dict, labels: dict, replicas: int, nodes: int, pod: dict) -> dict:
+    """A LeaderWorkerSet of groups of nodes pods: the leader runs pod as the Deployment would (the
+    API, its probes), the workers the same container headless: no port, no HTTP probes."""
+    strategy = {"name": "GEMMA4_STRATEGY", "value": "multi_node_tp"}
+    leader = {**pod, "containers": [{**pod["containers"][0], "env": [*pod["containers"][0]["env"], strategy]}]}
+    worker_container = {
+        k: v
+        for k, v in leader["containers"][0].items()
+        if k not in ("ports", "startupProbe", "readinessProbe", "livenessProbe")
+    }
+    worker = {**pod, "containers": [worker_container]}
+    return {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "metadata": {**metadata, "labels": {k: v for k, v in metadata["labels"].items() if k != LWS_ROLE}},
+        "spec": {
+            "replicas": replicas,
+            "leaderWorkerTemplate": {
+                "size": nodes,
+                "restartPolicy": "RecreateGroupOnPodRestart",
+                "leaderTemplate": {"metadata": {"labels": labels}, "spec": leader},
+                "workerTemplate": {"metadata": {"labels": {**labels, LWS_ROLE: "worker"}}, "spec": worker},
+            },
+        },
+    }
 
 
 def _shm_reason(matrix: Matrix, name: str) -> str:

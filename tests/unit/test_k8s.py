@@ -323,3 +323,76 @@ def test_the_nodes_are_those_of_the_platforms_actually_pushed(tmp_path, pushed, 
 def test_a_push_recorded_before_platforms_were_is_amd64s(tmp_path):
     _pushed(tmp_path, digest="sha256:" + "d" * 64)  # no "platform": only linux/amd64 was pushed then
     assert _cli_pod(tmp_path)[0]["nodeSelector"] == {"kubernetes.io/arch": "amd64"}
+
+
+# -- multi_node_tp: a LeaderWorkerSet --------------------------------------------------------------
+LWS_SCHEMA = matrix.ROOT / "tests" / "data" / "crds" / "leaderworkerset.x-k8s.io-v1-lws-v0.10.0.schema.json.gz"
+MULTI_NODE = [n for n, t in M.targets.items() if "multi_node_tp" not in t.serve.unsupported_strategies]
+
+
+def strict(schema):
+    """The CRD's schema with unknown fields refused, as strict field validation does."""
+    if isinstance(schema, dict):
+        out = {k: strict(v) for k, v in schema.items()}
+        if "properties" in out and not out.get("x-kubernetes-preserve-unknown-fields"):
+            out.setdefault("additionalProperties", False)
+        return out
+    return [strict(v) for v in schema] if isinstance(schema, list) else schema
+
+
+def validate_lws(doc):
+    import gzip
+
+    import jsonschema
+
+    jsonschema.validate(doc, strict(json.loads(gzip.decompress(LWS_SCHEMA.read_bytes()))))
+
+
+def test_multi_node_targets_are_the_ones_whose_recipes_allow_it():
+    assert sorted(MULTI_NODE) == sorted(n for n in M.targets if M.targets[n].family in ("cuda", "rocm", "cpu"))
+
+
+@pytest.mark.parametrize("target", MULTI_NODE)
+def test_multi_node_renders_a_leaderworkerset_valid_against_its_crd_and_kubernetes(target):
+    lws, service = docs(target, replicas=2, strategy="multi_node_tp", nodes=4)
+    assert lws["kind"] == "LeaderWorkerSet" and lws["spec"]["replicas"] == 2
+    group = lws["spec"]["leaderWorkerTemplate"]
+    assert group["size"] == 4 and group["restartPolicy"] == "RecreateGroupOnPodRestart"
+    validate_lws(lws)
+    for role in ("leaderTemplate", "workerTemplate"):
+        template = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "x"}, "template": group[role]}
+        kubernetes_validate.validate(template, VERSIONS[-1], strict=True)
+    kubernetes_validate.validate(service, VERSIONS[-1], strict=True)
+    leader, worker = group["leaderTemplate"], group["workerTemplate"]
+    # The Service reaches the leaders only; they serve the API with the Deployment's probes.
+    assert service["spec"]["selector"] == leader["metadata"]["labels"] != worker["metadata"]["labels"]
+    (lc,), (wc,) = leader["spec"]["containers"], worker["spec"]["containers"]
+    assert {"name": "GEMMA4_STRATEGY", "value": "multi_node_tp"} in lc["env"] and lc["env"] == wc["env"]
+    assert "readinessProbe" in lc and "ports" in lc
+    assert not {"readinessProbe", "livenessProbe", "startupProbe", "ports"} & set(wc)
+    assert lc["image"] == wc["image"] and lc.get("resources") == wc.get("resources")
+
+
+def test_the_lws_schema_refuses_what_the_api_server_would():
+    lws = docs("h100", strategy="multi_node_tp", nodes=2)[0]
+    lws["spec"]["leaderWorkerTemplate"]["sise"] = 2
+    with pytest.raises(Exception, match="sise"):
+        validate_lws(lws)
+    lws = docs("h100", strategy="multi_node_tp", nodes=2)[0]
+    lws["spec"]["leaderWorkerTemplate"]["restartPolicy"] = "Always"
+    with pytest.raises(Exception, match="Always"):
+        validate_lws(lws)
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["cpu", "--strategy", "multi_node_tp", "--nodes", "1"], "--nodes 1: multi_node_tp spans 2 nodes or more"),
+        (["cpu", "--strategy", "multi_node_tp"], "multi_node_tp needs --nodes N, the nodes it spans (N >= 2)"),
+        (["gaudi2", "--strategy", "multi_node_tp", "--nodes", "2"], "is not available on gaudi2"),
+        (["ironwood", "--strategy", "multi_node_tp", "--nodes", "2"], "is not available on ironwood"),
+    ],
+)
+def test_bad_multi_node_input_is_one_line_and_prints_no_manifest(args, says):
+    r = build_py("k8s", *args)
+    assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1 and says in r.stderr
