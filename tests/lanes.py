@@ -25,6 +25,7 @@ SERVE = {
     "test_fix_gemma4_required_tool_grammar.py",
     "test_fix_logprobs_decode_guard.py",
     "test_multi_node_cpu.py",
+    "test_autoscale_signal.py",
 }
 NO_ENGINE = {"test_apply_all_real_vllm.py", "test_fix_pack_applies.py", "test_bump.py"}
 INTEGRATION = "tests/integration/"
