@@ -734,13 +734,29 @@ def verify(ref, key, policy, signatures, dest, attachments_dir, require_attachme
     help="The recipe page's strategy; multi_node_tp renders a LeaderWorkerSet of --nodes pods per replica.",
 )
 @click.option("--nodes", type=int, help="multi_node_tp: the pods (nodes) each replica's tensor parallelism spans.")
+@click.option(
+    "--autoscale",
+    metavar="MIN:MAX",
+    help="Also a KEDA ScaledObject: MIN to MAX replicas on vLLM's waiting requests (and a PodDisruptionBudget).",
+)
+@click.option("--prometheus", metavar="URL", help="Where KEDA queries Prometheus (default: the Prometheus Operator's).")
 @VLLM
-def k8s(target, replicas, image, pvc, no_pvc, secret, model_image, model_name, strategy, nodes):
+def k8s(target, replicas, image, pvc, no_pvc, secret, model_image, model_name, strategy, nodes, autoscale, prometheus):
     """Print a Kubernetes Deployment (or LeaderWorkerSet, multi_node_tp) + Service for TARGET."""
     from gemma4_images.generate import k8s as k8s_mod
 
     m, name = load(target), target
     running.check_strategy(m, name, strategy, nodes)
+    bounds = None
+    if autoscale:
+        low, _, high = autoscale.partition(":")
+        if not (low.isdigit() and high.isdigit()):
+            fail(f"--autoscale {autoscale!r}: give MIN:MAX, two whole numbers (e.g. 1:4)", 2)
+        bounds = (int(low), int(high))
+        if bounds[0] < 1:
+            fail(f"--autoscale {autoscale}: MIN must be 1 or more (a replica takes minutes to start)", 2)
+        if bounds[0] > bounds[1]:
+            fail(f"--autoscale {autoscale}: MIN is more than MAX; give MIN <= MAX", 2)
     if model_name and not model_image:
         fail("--model-name names the folder of a --model-image; give the image too", 2)
     if model_image and not model_name:
@@ -763,6 +779,8 @@ def k8s(target, replicas, image, pvc, no_pvc, secret, model_image, model_name, s
             model_name=model_name,
             strategy=strategy,
             nodes=nodes,
+            autoscale=bounds,
+            prometheus=prometheus,
         ),
         nl=False,
     )

@@ -244,16 +244,23 @@ def render_k8s(
     image_platforms: list[str] | None = None,
     strategy: str = "single_node_tp",
     nodes: int | None = None,
+    autoscale: tuple[int, int] | None = None,
+    prometheus: str | None = None,
 ) -> str:
     """Deployment + Service (multi-document YAML); for multi_node_tp a LeaderWorkerSet of nodes pods
     per replica instead of the Deployment (lws_set). image may already be repo@digest (from
     reports/pushed.json); hf_cache_pvc=None keeps the cache in the pod (an emptyDir). model_image
     (a `build.py model-image` reference holding /models/<model_name>) is mounted instead of the
     HF cache and token. image_platforms: the platforms the image holds (what pushed.json records
-    for its digest); default the target's platforms in targets.yaml, as a full release pushes."""
+    for its digest); default the target's platforms in targets.yaml, as a full release pushes.
+    autoscale (MIN, MAX): a KEDA ScaledObject on vLLM's waiting requests (scaled_object), the
+    replicas starting at MIN; with more than one replica a PodDisruptionBudget (disruption_budget)."""
     image_platforms = image_platforms or matrix.platforms(name)
     app = f"{matrix.project.image}-{name}"
     labels = {"app.kubernetes.io/name": matrix.project.image, "app.kubernetes.io/instance": app}
+    every_pod = dict(labels)
+    replicas = autoscale[0] if autoscale else replicas
+    prometheus = prometheus or PROMETHEUS
     on_device = _family(matrix, name).kubernetes.device_resource is not None
     model = _model_pieces(model_image, model_name) if model_image else None
     container = _container(matrix, name, _image(matrix, name, image, digest), hf_token_secret, model)
@@ -274,7 +281,12 @@ def render_k8s(
                 else {}
             ),
             "template": {
-                "metadata": {"labels": labels},
+                # Prometheus finds the API's metrics on the pods that serve it (the annotations the
+                # usual kubernetes-pods scrape job reads).
+                "metadata": {
+                    "labels": labels,
+                    "annotations": SCRAPE | {"prometheus.io/port": str(matrix.project.port)},
+                },
                 "spec": _pod(matrix, name, container, hf_cache_pvc, model, image_platforms),
             },
         },
@@ -286,8 +298,8 @@ def render_k8s(
         "spec": {"selector": labels, "ports": [{"name": HTTP, "port": matrix.project.port, "targetPort": HTTP}]},
     }
     if strategy == "multi_node_tp":
-        pod = deployment["spec"]["template"]["spec"]
-        deployment = lws_set(deployment["metadata"], labels, replicas, nodes, pod)
+        template = deployment["spec"]["template"]
+        deployment = lws_set(deployment["metadata"], template["metadata"], replicas, nodes, template["spec"])
     dump = lambda doc: yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=110)  # noqa: E731
     header = _header(matrix, name, hf_cache_pvc, hf_token_secret, model_image, image_platforms)
     if strategy == "multi_node_tp":
@@ -303,7 +315,78 @@ def render_k8s(
                 subsequent_indent="#   ",
             )
         )
-    return header + dump(deployment) + "---\n" + dump(service)
+    extra = []
+    if autoscale:
+        extra.append(scaled_object(app, every_pod, deployment, autoscale, matrix.project.model, prometheus))
+        header += _wrap(
+            f"Autoscaling: KEDA {KEDA_VERSION}+ (keda.sh/v1alpha1) and a Prometheus at {prometheus} scraping the "
+            f"pods (prometheus.io/* annotations): {autoscale[0]} to {autoscale[1]} replicas on "
+            f"vllm:num_requests_waiting, {WAITING_THRESHOLD} per replica ({WAITING_WHY})."
+        )
+    if max(replicas, autoscale[1] if autoscale else 0) > 1:
+        extra.append(disruption_budget(app, every_pod))
+    return header + "---\n".join(dump(doc) for doc in [deployment, service, *extra])
+
+
+def _wrap(note: str) -> str:
+    return "".join(line + "\n" for line in textwrap.wrap(note, 98, initial_indent="# ", subsequent_indent="#   "))
+
+
+SCRAPE = {"prometheus.io/scrape": "true", "prometheus.io/path": "/metrics"}
+# Where KEDA asks Prometheus: the Prometheus Operator's service in namespace monitoring by default.
+PROMETHEUS = "http://prometheus-operated.monitoring.svc:9090"
+KEDA_VERSION = "v2.20.2"  # the release whose ScaledObject CRD tests/unit/test_k8s.py validates against
+WAITING_THRESHOLD = 5
+WAITING_WHY = (
+    "vLLM's production-stack scales on this metric with KEDA at 5; requests wait only when every "
+    "--max-num-seqs slot of the replica is busy (measured: tests/integration/test_autoscale_signal.py, "
+    "16 requests at --max-num-seqs 2: waiting 14, running 2, both 0 after), so 5 waiting means a "
+    "full batch and a queue behind it"
+)
+
+
+def scaled_object(app: str, labels: dict, target: dict, bounds: tuple[int, int], model: str, prometheus: str) -> dict:
+    """KEDA rather than an autoscaling/v2 HPA on its own: an HPA reads a Prometheus metric only
+    through a metrics adapter configured to rename it (vLLM's names hold colons, which the custom
+    metrics API does not take); KEDA queries Prometheus itself and makes the HPA."""
+    return {
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
+        "metadata": {"name": app, "labels": labels},
+        "spec": {
+            "scaleTargetRef": {
+                "apiVersion": target["apiVersion"],
+                "kind": target["kind"],
+                "name": target["metadata"]["name"],
+            },
+            "minReplicaCount": bounds[0],
+            "maxReplicaCount": bounds[1],
+            "pollingInterval": 15,
+            # A replica takes minutes to start: scale in slowly.
+            "cooldownPeriod": 300,
+            "triggers": [
+                {
+                    "type": "prometheus",
+                    "metadata": {
+                        "serverAddress": prometheus,
+                        # vLLM labels its metrics with the served model's name.
+                        "query": f'sum(vllm:num_requests_waiting{{model_name="{model}"}})',
+                        "threshold": str(WAITING_THRESHOLD),
+                    },
+                }
+            ],
+        },
+    }
+
+
+def disruption_budget(app: str, labels: dict) -> dict:
+    """A voluntary eviction (a node drain) takes one of the pods at a time: the others keep serving."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": app, "labels": labels},
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": labels}},
+    }
 
 
 # LeaderWorkerSet: the pods of one group are created, and restarted, together (a node lost is a
@@ -313,7 +396,7 @@ LWS_VERSION = "v0.10.0"
 LWS_ROLE = "gemma4-images/role"
 
 
-def lws_set(metadata: dict, labels: dict, replicas: int, nodes: int, pod: dict) -> dict:
+def lws_set(metadata: dict, template_meta: dict, replicas: int, nodes: int, pod: dict) -> dict:
     """A LeaderWorkerSet of groups of nodes pods: the leader runs pod as the Deployment would (the
     API, its probes), the workers the same container headless: no port, no HTTP probes."""
     strategy = {"name": "GEMMA4_STRATEGY", "value": "multi_node_tp"}
@@ -333,8 +416,12 @@ def lws_set(metadata: dict, labels: dict, replicas: int, nodes: int, pod: dict) 
             "leaderWorkerTemplate": {
                 "size": nodes,
                 "restartPolicy": "RecreateGroupOnPodRestart",
-                "leaderTemplate": {"metadata": {"labels": labels}, "spec": leader},
-                "workerTemplate": {"metadata": {"labels": {**labels, LWS_ROLE: "worker"}}, "spec": worker},
+                "leaderTemplate": {"metadata": template_meta, "spec": leader},
+                # No annotations: a worker serves no /metrics.
+                "workerTemplate": {
+                    "metadata": {"labels": {**template_meta["labels"], LWS_ROLE: "worker"}},
+                    "spec": worker,
+                },
             },
         },
     }

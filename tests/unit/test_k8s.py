@@ -39,7 +39,8 @@ def container(target, **kw):
 @pytest.mark.parametrize("target", TARGETS)
 def test_manifests_validate_against_the_kubernetes_schema(target, version):
     rendered = docs(target, replicas=3, image="127.0.0.1:5000/gemma4-e2b:x", digest="sha256:" + "a" * 64)
-    assert [d["kind"] for d in rendered] == ["Deployment", "Service"]
+    # more than one replica: a disruption budget too
+    assert [d["kind"] for d in rendered] == ["Deployment", "Service", "PodDisruptionBudget"]
     for doc in rendered:
         kubernetes_validate.validate(doc, version, strict=True)
 
@@ -266,7 +267,7 @@ def test_the_node_architecture_is_selected_only_for_a_single_platform_image():
 
 
 def test_service_selects_the_pods_and_replicas_apply():
-    deployment, service = docs("mi300x", replicas=4)
+    deployment, service, _ = docs("mi300x", replicas=4)
     assert deployment["spec"]["replicas"] == 4
     assert service["spec"]["selector"] == deployment["spec"]["template"]["metadata"]["labels"]
     assert deployment["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
@@ -341,11 +342,7 @@ def strict(schema):
 
 
 def validate_lws(doc):
-    import gzip
-
-    import jsonschema
-
-    jsonschema.validate(doc, strict(json.loads(gzip.decompress(LWS_SCHEMA.read_bytes()))))
+    validate_crd(doc, LWS_SCHEMA)
 
 
 def test_multi_node_targets_are_the_ones_whose_recipes_allow_it():
@@ -354,7 +351,8 @@ def test_multi_node_targets_are_the_ones_whose_recipes_allow_it():
 
 @pytest.mark.parametrize("target", MULTI_NODE)
 def test_multi_node_renders_a_leaderworkerset_valid_against_its_crd_and_kubernetes(target):
-    lws, service = docs(target, replicas=2, strategy="multi_node_tp", nodes=4)
+    lws, service, budget = docs(target, replicas=2, strategy="multi_node_tp", nodes=4)
+    kubernetes_validate.validate(budget, VERSIONS[-1], strict=True)
     assert lws["kind"] == "LeaderWorkerSet" and lws["spec"]["replicas"] == 2
     group = lws["spec"]["leaderWorkerTemplate"]
     assert group["size"] == 4 and group["restartPolicy"] == "RecreateGroupOnPodRestart"
@@ -395,4 +393,70 @@ def test_the_lws_schema_refuses_what_the_api_server_would():
 )
 def test_bad_multi_node_input_is_one_line_and_prints_no_manifest(args, says):
     r = build_py("k8s", *args)
+    assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1 and says in r.stderr
+
+
+# -- autoscaling, disruption budget, metrics ---------------------------------------------------------
+KEDA_SCHEMA = matrix.ROOT / "tests" / "data" / "crds" / "keda.sh-v1alpha1-scaledobjects-keda-v2.20.2.schema.json.gz"
+
+
+def validate_crd(doc, path):
+    import gzip
+
+    import jsonschema
+
+    jsonschema.validate(doc, strict(json.loads(gzip.decompress(path.read_bytes()))))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_autoscale_renders_a_keda_scaledobject_on_waiting_requests_and_a_budget(target):
+    rendered = docs(target, autoscale=(2, 5))
+    assert [d["kind"] for d in rendered] == ["Deployment", "Service", "ScaledObject", "PodDisruptionBudget"]
+    deployment, service, scaled, budget = rendered
+    validate_crd(scaled, KEDA_SCHEMA)
+    for doc in (deployment, service, budget):
+        kubernetes_validate.validate(doc, VERSIONS[-1], strict=True)
+    assert deployment["spec"]["replicas"] == 2  # KEDA's MIN from the start
+    spec = scaled["spec"]
+    assert spec["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": deployment["metadata"]["name"],
+    }
+    assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (2, 5)
+    (trigger,) = spec["triggers"]
+    assert trigger["type"] == "prometheus" and trigger["metadata"]["threshold"] == "5"
+    assert trigger["metadata"]["query"] == 'sum(vllm:num_requests_waiting{model_name="google/gemma-4-E2B-it"})'
+    assert budget["spec"] == {"maxUnavailable": 1, "selector": deployment["spec"]["selector"]}
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert annotations == {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/path": "/metrics",
+        "prometheus.io/port": "8000",
+    }
+
+
+def test_a_multi_node_set_is_what_keda_scales():
+    scaled = docs("h100", strategy="multi_node_tp", nodes=2, autoscale=(1, 3))[2]
+    validate_crd(scaled, KEDA_SCHEMA)
+    assert scaled["spec"]["scaleTargetRef"]["kind"] == "LeaderWorkerSet"
+
+
+def test_the_keda_schema_refuses_what_the_api_server_would():
+    scaled = docs("xeon6", autoscale=(1, 2))[2]
+    scaled["spec"]["minReplicas"] = 1
+    with pytest.raises(Exception, match="minReplicas"):
+        validate_crd(scaled, KEDA_SCHEMA)
+
+
+def test_one_replica_has_no_budget():
+    assert [d["kind"] for d in docs("xeon6")] == ["Deployment", "Service"]
+
+
+@pytest.mark.parametrize(
+    "value, says",
+    [("3:1", "MIN is more than MAX"), ("0:2", "MIN must be 1 or more"), ("2", "give MIN:MAX"), ("a:b", "give MIN:MAX")],
+)
+def test_bad_autoscale_is_one_line_and_prints_no_manifest(value, says):
+    r = build_py("k8s", "cpu", "--autoscale", value)
     assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1 and says in r.stderr
