@@ -62,6 +62,16 @@ PLATFORM = click.option(
 )
 
 
+# The recipe page's strategy, the same way for `run` (one node's command) and `k8s` (a
+# LeaderWorkerSet of --nodes pods per replica).
+STRATEGY = click.option(
+    "--strategy",
+    default="single_node_tp",
+    show_default=True,
+    help="The recipe page's strategy: single_node_tp, or multi_node_tp over --nodes nodes (docs/run.md).",
+)
+NODES = click.option("--nodes", type=int, help="multi_node_tp: how many nodes the tensor parallelism spans.")
+
 RUN_STOP_BUDGET_S = 60  # for `build.py run`'s server to stop after a signal: vLLM's graceful shutdown
 
 
@@ -462,13 +472,8 @@ def tag_cmd(target, tiny, platform):
     metavar="KEY=VALUE",
     help="GEMMA4_VARIANT, GEMMA4_FEATURES, GEMMA4_MODEL or any other variable.",
 )
-@click.option(
-    "--strategy",
-    default="single_node_tp",
-    show_default=True,
-    help="The recipe page's strategy: single_node_tp, or multi_node_tp (one node of --nodes; run it on each).",
-)
-@click.option("--nodes", type=int, help="multi_node_tp: how many nodes the tensor parallelism spans.")
+@STRATEGY
+@NODES
 @click.option(
     "--node-rank", type=int, help="multi_node_tp: this node's rank (0 serves the API, the others run headless)."
 )
@@ -727,13 +732,8 @@ def verify(ref, key, policy, signatures, dest, attachments_dir, require_attachme
     help="Serve the model from this `model-image` image (an image volume) instead of the hub and its cache.",
 )
 @click.option("--model-name", help="Its folder under /models (default: the last part of its repository).")
-@click.option(
-    "--strategy",
-    default="single_node_tp",
-    show_default=True,
-    help="The recipe page's strategy; multi_node_tp renders a LeaderWorkerSet of --nodes pods per replica.",
-)
-@click.option("--nodes", type=int, help="multi_node_tp: the pods (nodes) each replica's tensor parallelism spans.")
+@STRATEGY
+@NODES
 @click.option(
     "--autoscale",
     metavar="MIN:MAX",
