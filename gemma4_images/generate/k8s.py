@@ -29,6 +29,10 @@ TMP = "/tmp"
 # the image, so nothing is downloaded and the entrypoint serves that path with the hub offline.
 MODEL_VOLUME = "model"
 IMAGE_VOLUME_SINCE = "1.33"
+# Before SIGTERM, the pod waits this long (a preStop sleep: Kubernetes' sleep hook, on by default from
+# 1.30, KEP-3960), so that endpoints and load balancers stop sending it new requests first; the
+# grace period counts it too, so it must leave vLLM's own shutdown its time.
+PRESTOP_S = 5
 GRACE_WHY = (
     "on SIGTERM vLLM aborts what is in flight, ends each request with a 503 (shutdown-ends-requests) "
     "and exits 0: measured 1-3 s on the CPU tier during traffic, not yet on accelerators; raise it "
@@ -160,6 +164,7 @@ def _container(matrix: Matrix, name: str, image: str, secret: str, model: dict |
         },
         # The image's own HEALTHCHECK: every 30 s, 10 s timeout, 3 misses.
         "livenessProbe": {**health, "periodSeconds": 30, "timeoutSeconds": 10, "failureThreshold": 3},
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_S}}},
     }
 
 
@@ -222,7 +227,8 @@ def _header(
         f"Image platforms: {', '.join(image_platforms)}"
         + (" (nodes of that architecture only)." if len(image_platforms) == 1 else " (any of those nodes)."),
         f"securityContext: {_family(matrix, name).kubernetes.security.why}.",
-        f"terminationGracePeriodSeconds: {t.shutdown_grace_s} ({GRACE_WHY}).",
+        f"terminationGracePeriodSeconds: {t.shutdown_grace_s} ({GRACE_WHY}), of which the preStop "
+        f"sleep takes {PRESTOP_S} s first, for the endpoints to stop sending new requests.",
         f"/dev/shm: {shm_size(matrix, name)} in memory ({_shm_reason(matrix, name)}).",
     ]
     return "".join(
@@ -404,7 +410,7 @@ def lws_set(metadata: dict, template_meta: dict, replicas: int, nodes: int, pod:
     worker_container = {
         k: v
         for k, v in leader["containers"][0].items()
-        if k not in ("ports", "startupProbe", "readinessProbe", "livenessProbe")
+        if k not in ("ports", "startupProbe", "readinessProbe", "livenessProbe", "lifecycle")
     }
     worker = {**pod, "containers": [worker_container]}
     return {

@@ -460,3 +460,12 @@ def test_one_replica_has_no_budget():
 def test_bad_autoscale_is_one_line_and_prints_no_manifest(value, says):
     r = build_py("k8s", "cpu", "--autoscale", value)
     assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1 and says in r.stderr
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_the_prestop_delay_leaves_vllm_its_shutdown_within_the_grace_period(target):
+    spec = pod(target)
+    (c,) = spec["containers"]
+    assert c["lifecycle"] == {"preStop": {"sleep": {"seconds": k8s.PRESTOP_S}}}
+    # vLLM's shutdown with requests in flight took 1-3 s on the CPU tier (GRACE_WHY): 10 s of margin.
+    assert spec["terminationGracePeriodSeconds"] >= k8s.PRESTOP_S + 10
