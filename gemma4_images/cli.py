@@ -740,8 +740,27 @@ def verify(ref, key, policy, signatures, dest, attachments_dir, require_attachme
     help="Also a KEDA ScaledObject: MIN to MAX replicas on vLLM's waiting requests (and a PodDisruptionBudget).",
 )
 @click.option("--prometheus", metavar="URL", help="Where KEDA queries Prometheus (default: the Prometheus Operator's).")
+@click.option(
+    "--compile-cache-pvc",
+    metavar="CLAIM",
+    help="Keep vLLM's compile caches on this claim, so every pod after the first starts warm (default: per pod).",
+)
 @VLLM
-def k8s(target, replicas, image, pvc, no_pvc, secret, model_image, model_name, strategy, nodes, autoscale, prometheus):
+def k8s(
+    target,
+    replicas,
+    image,
+    pvc,
+    no_pvc,
+    secret,
+    model_image,
+    model_name,
+    strategy,
+    nodes,
+    autoscale,
+    prometheus,
+    compile_cache_pvc,
+):
     """Print a Kubernetes Deployment (or LeaderWorkerSet, multi_node_tp) + Service for TARGET."""
     from gemma4_images.generate import k8s as k8s_mod
 
@@ -781,6 +800,7 @@ def k8s(target, replicas, image, pvc, no_pvc, secret, model_image, model_name, s
             nodes=nodes,
             autoscale=bounds,
             prometheus=prometheus,
+            compile_cache_pvc=compile_cache_pvc,
         ),
         nl=False,
     )

@@ -55,6 +55,10 @@ def locked(client, m, cpu_image):
     container.with_tmpfs_mount(k8s.TMP, "exec,size=2g")
     container.with_volume_mapping(str(tiny_model.ensure()), "/models/tiny", "ro")
     container.with_volume_mapping(cache, k8s.HF_HOME, "rw")
+    compiled = tempfile.mkdtemp()  # the pod's compile-cache volume, as fsGroup leaves it
+    os.chown(compiled, 0, pod_sc["fsGroup"])
+    os.chmod(compiled, 0o2775)
+    container.with_volume_mapping(compiled, k8s.COMPILE_CACHE, "rw")
     # This 2-core builder's RAM: as the CPU smoke tier sets it.
     for key, value in {**env, "GEMMA4_MODEL": "/models/tiny", "VLLM_CPU_KVCACHE_SPACE": "1"}.items():
         container.with_env(key, value)
@@ -67,6 +71,7 @@ def locked(client, m, cpu_image):
             yield srv.container, srv.url, c, ready_before
     finally:
         shutil.rmtree(cache, ignore_errors=True)
+        shutil.rmtree(compiled, ignore_errors=True)
 
 
 def test_it_serves_as_the_manifest_says(locked):

@@ -469,3 +469,15 @@ def test_the_prestop_delay_leaves_vllm_its_shutdown_within_the_grace_period(targ
     assert c["lifecycle"] == {"preStop": {"sleep": {"seconds": k8s.PRESTOP_S}}}
     # vLLM's shutdown with requests in flight took 1-3 s on the CPU tier (GRACE_WHY): 10 s of margin.
     assert spec["terminationGracePeriodSeconds"] >= k8s.PRESTOP_S + 10
+
+
+def test_vllms_compile_caches_live_on_their_own_volume():
+    spec = pod("xeon6")
+    (c,) = spec["containers"]
+    assert {"name": "VLLM_CACHE_ROOT", "value": k8s.COMPILE_CACHE} in c["env"]
+    assert {"name": "compile-cache", "mountPath": k8s.COMPILE_CACHE} in c["volumeMounts"]
+    assert {"name": "compile-cache", "emptyDir": {}} in spec["volumes"]  # per pod unless a claim is given
+    shared = pod("h100", compile_cache_pvc="vllm-compile")
+    assert {"name": "compile-cache", "persistentVolumeClaim": {"claimName": "vllm-compile"}} in shared["volumes"]
+    out = build_py("k8s", "cpu", "--compile-cache-pvc", "vllm-compile").stdout
+    assert "claimName: vllm-compile" in out and "every later one starts warm" in out.replace("\n#   ", " ")
