@@ -47,7 +47,7 @@ import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-IMAGE = os.environ.get("GEMMA4_FIXES_IMAGE", "")  # empty: the tag conftest.cpu_image builds (image())
+IMAGE = os.environ.get("GEMMA4_FIXES_IMAGE", "")  # empty: the tag conftest.cpu_image builds (Release.image)
 PACK = Path(os.environ.get("GEMMA4_FIXES_PACK", REPO / "patches"))
 PROFILE = "vllm-0.30.0"
 OPT_IN = ["gemma4-required-tool-grammar", "gemma4-buffered-tool-args"]
@@ -152,10 +152,6 @@ class Release:
         return data
 
 
-def image() -> str:
-    return Release().image
-
-
 @functools.lru_cache(maxsize=None)
 def observations(version: str | None = None) -> dict:
     """Run the container once per release (per process) and return everything it recorded."""
@@ -202,11 +198,6 @@ def observations(version: str | None = None) -> dict:
         return result
     finally:
         shutil.rmtree(work, ignore_errors=True)
-
-
-def phase(name: str) -> dict:
-    """Observations of one phase at targets.yaml's own release."""
-    return Release().phase(name)
 
 
 # =============================================================== container side

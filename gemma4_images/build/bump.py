@@ -25,6 +25,7 @@ Facts and where they come from:
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import os
 import subprocess
@@ -57,6 +58,7 @@ class BadInput(BumpError):
     code = 2
 
 
+@functools.lru_cache(maxsize=None)
 def _port_tool():
     return load_file("port_vllm_fixes", str(ROOT / "scripts" / "port-vllm-fixes.py"))
 
@@ -71,7 +73,7 @@ class Plan:
     profiles: dict[str, dict] = field(default_factory=dict)  # new profile name: its JSON
     ports: list = field(default_factory=list)  # (result, profile, label, sha, upstream, theirs, images)
     changes: list[tuple[str, str, str]] = field(default_factory=list)  # (fact, old, new)
-    wheel_roots: dict[str, Path] = field(default_factory=dict)  # profile: VERSION's files, unzipped
+    wheels: dict[str, Path] = field(default_factory=dict)  # new profile: the wheel whose files it must fit
 
 
 def targets_named(m: Matrix, names: list[str]) -> list[str]:
@@ -330,10 +332,7 @@ def _fixes(p: Plan, m: Matrix, metas: dict, drops: dict[str, str], accepts, log)
                     "profile": new_profile,
                     "opt_in": [f for f in t.fixes.opt_in if f not in drops],
                 }
-        root = Path(tempfile.mkdtemp(prefix="gemma4-bump-"))
-        with zipfile.ZipFile(whl) as z:
-            z.extractall(root)
-        p.wheel_roots[new_profile] = root
+        p.wheels[new_profile] = whl
         p.changes.append(("fixes profile", old_profile, new_profile))
 
 
@@ -341,7 +340,8 @@ HEADER = """\
 # vLLM {version}: the facts of targets.yaml bound to the vLLM release, at {version}. Written by
 # `python build.py bump` (gemma4_images/build/bump.py says where each comes from); `build.py ...
 # --vllm {version}` lays this file over targets.yaml (gemma4_images/spec/matrix.py release_overlay):
-# each key here replaces targets.yaml's, and only the targets listed are built on {version}.
+# each key here replaces targets.yaml's (a target's base key by key), and only the targets listed
+# are built on {version}.
 # `release` records how the file was made: the distributions read, the transformers requirement
 # and what each vLLM-level fix needed.
 """
@@ -407,23 +407,18 @@ def write(p: Plan, log=print, root: Path = ROOT) -> list[str]:
             raise BumpError(
                 f"scripts/lock.sh for {p.version} failed: {(run.stderr or run.stdout).strip().splitlines()[-1]}"
             )
-        for profile, wheel_root in p.wheel_roots.items():
-            opt_in = sorted({f for n in p.targets for f in view.targets[n].opt_in_fixes})
-            check = subprocess.run(
-                [
-                    sys.executable,
-                    "patches/apply_all.py",
-                    "--profile",
-                    profile,
-                    "--check",
-                    "--root",
-                    str(wheel_root),
-                    *opt_in,
-                ],
-                cwd=root,
-                capture_output=True,
-                text=True,
-            )
+        opt_in = sorted({f for n in p.targets for f in view.targets[n].opt_in_fixes})
+        for profile, whl in p.wheels.items():
+            with tempfile.TemporaryDirectory(prefix="gemma4-bump-") as wheel_root:
+                with zipfile.ZipFile(whl) as z:
+                    z.extractall(wheel_root)
+                check = subprocess.run(
+                    [sys.executable, "patches/apply_all.py", "--profile", profile, "--check", "--root", wheel_root]
+                    + opt_in,
+                    cwd=root,
+                    capture_output=True,
+                    text=True,
+                )
             if check.returncode != 0:
                 raise BumpError(
                     f"profile {profile} does not apply to {p.version}'s files: {check.stderr.strip().splitlines()[-1]}"
@@ -435,9 +430,6 @@ def write(p: Plan, log=print, root: Path = ROOT) -> list[str]:
     except BaseException:
         files.restore()
         raise
-    finally:
-        for wheel_root in p.wheel_roots.values():
-            subprocess.run(["rm", "-rf", str(wheel_root)])
     return sorted(
         str(path.relative_to(root))
         for path, data in files.before.items()

@@ -4,6 +4,7 @@ index pip is configured with, so the mirrors and proxies users already set up ap
 
 from __future__ import annotations
 
+import functools
 import json
 import urllib.request
 import zipfile
@@ -61,6 +62,7 @@ def _stable(version: str) -> Version | None:
     return None if v.is_prerelease or v.is_devrelease else v
 
 
+@functools.lru_cache(maxsize=None)
 def project(name: str) -> Project:
     page = f"{_index_url()}/{name}/"
     req = urllib.request.Request(page, headers={"Accept": "application/vnd.pypi.simple.v1+json"})

@@ -250,9 +250,7 @@ def _header(
         f"sleep takes {PRESTOP_S} s first, for the endpoints to stop sending new requests.",
         f"/dev/shm: {shm_size(matrix, name)} in memory ({_shm_reason(matrix, name)}).",
     ]
-    return "".join(
-        line + "\n" for note in notes for line in textwrap.wrap(note, 98, initial_indent="# ", subsequent_indent="#   ")
-    )
+    return "".join(_wrap(note) for note in notes)
 
 
 def render_k8s(
@@ -340,17 +338,11 @@ def render_k8s(
         + "."
     )
     if strategy == "multi_node_tp":
-        header += "".join(
-            line + "\n"
-            for line in textwrap.wrap(
-                f"multi_node_tp over {nodes} nodes: a LeaderWorkerSet (leaderworkerset.x-k8s.io/v1, LWS "
-                f"{LWS_VERSION}+ installed) of {nodes} pods per replica; LWS gives each pod LWS_LEADER_ADDRESS, "
-                "LWS_GROUP_SIZE and LWS_WORKER_INDEX, from which the entrypoint composes vLLM's multi-node "
-                "flags (docs/run.md). The Service reaches the leaders; the workers run headless.",
-                98,
-                initial_indent="# ",
-                subsequent_indent="#   ",
-            )
+        header += _wrap(
+            f"multi_node_tp over {nodes} nodes: a LeaderWorkerSet (leaderworkerset.x-k8s.io/v1, LWS "
+            f"{LWS_VERSION}+ installed) of {nodes} pods per replica; LWS gives each pod LWS_LEADER_ADDRESS, "
+            "LWS_GROUP_SIZE and LWS_WORKER_INDEX, from which the entrypoint composes vLLM's multi-node "
+            "flags (docs/run.md). The Service reaches the leaders; the workers run headless."
         )
     extra = []
     if autoscale:

@@ -607,7 +607,10 @@ def release_file(version: str, releases: Path = RELEASES) -> Path:
 
 def releases(path: Path = TARGETS_FILE, releases_dir: Path = RELEASES) -> list[str]:
     """Every vLLM release images are built on: targets.yaml's own, then each releases/ file's."""
-    own = str(_read(path, "project")["project"]["vllm_version"])
+    return _releases(str(_read(path, "project")["project"]["vllm_version"]), releases_dir)
+
+
+def _releases(own: str, releases_dir: Path) -> list[str]:
     found = [p.name[len("vllm-") : -len(".yaml")] for p in releases_dir.glob("vllm-*.yaml")]
     return sorted({own, *found}, key=version_key)
 
@@ -678,7 +681,7 @@ def load(path: Path = TARGETS_FILE, vllm: str | None = None, releases_dir: Path 
     if vllm is not None and vllm != own:
         rel_path = release_file(vllm, releases_dir)
         if not rel_path.is_file():
-            known = ", ".join(releases(path, releases_dir))
+            known = ", ".join(_releases(own, releases_dir))
             raise MatrixError(
                 f"no vLLM {vllm} release here (known: {known}); "
                 f"add one with `python build.py bump FAMILY --vllm {vllm}`"
@@ -698,7 +701,7 @@ def load(path: Path = TARGETS_FILE, vllm: str | None = None, releases_dir: Path 
             )
             lines.append(f"  {where_key}: {msg}")
         raise MatrixError(f"{where} is invalid:\n" + "\n".join(lines)) from None
-    known = releases(path, releases_dir)
+    known = _releases(own, releases_dir)
     for name, t in m.targets.items():
         if t.vllm is not None and t.vllm not in known:
             raise MatrixError(
