@@ -830,6 +830,12 @@ def inspect(image):
 )
 @click.option("--no-load", "skip_load", is_flag=True, help="Skip the load, client-fault and stop benchmark.")
 @click.option(
+    "--no-pod",
+    "skip_pod",
+    is_flag=True,
+    help="Skip what a pod needs: memory at two KV cache sizes and start-up with the compile-cache volume (~8 min).",
+)
+@click.option(
     "--with-base", is_flag=True, help="Also time a no-cache build of the local CPU base (~3.5 min; re-tags the base)."
 )
 @click.option(
@@ -853,7 +859,9 @@ def inspect(image):
     help="Also run the start-up and load benchmarks at every vLLM release xeon6 is built on, side by side "
     "(each release's tiny image built first; ~6 min per release).",
 )
-def bench_cmd(skip_build, skip_serving, skip_startup, skip_load, with_base, quickstart, standins, tests, releases):
+def bench_cmd(
+    skip_build, skip_serving, skip_startup, skip_load, skip_pod, with_base, quickstart, standins, tests, releases
+):
     """Cold/no-change/one-patch/one-entrypoint-line rebuilds, image overhead, gemma4-bench in the CPU
     image with the tiny model, and start-up time against bare vllm serve; regenerates BENCHMARKS.md
     (the parts not run keep their last figures, from benchmarks.json)."""
@@ -867,6 +875,7 @@ def bench_cmd(skip_build, skip_serving, skip_startup, skip_load, with_base, quic
             with_base=with_base,
             startup=not skip_startup,
             load=not skip_load,
+            pod=not skip_pod,
             quickstart=quickstart,
             standins=standins,
             tests=tests,

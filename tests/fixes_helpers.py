@@ -58,6 +58,7 @@ FILES = [
     "vllm/parser/gemma4.py",
     "vllm/tool_parsers/gemma4_engine_tool_parser.py",
     "vllm/_custom_ops.py",
+    "vllm/compilation/decorators.py",
 ]
 INVALID_TOKEN_TEXT = "<invalid_token_id>"  # what logprobs-decode-guard writes for a bad id
 GEMMA_EOS_IDS = [1, 106]  # <eos>, <turn|>: the stop tokens of Gemma 4 (and of the tiny model)
@@ -259,6 +260,7 @@ def probe(out_path: str, only: str | None = None) -> None:
         "tool_args": probe_tool_args,
         "grammar": probe_grammar,
         "onednn": probe_onednn,
+        "compile_cache": probe_compile_cache,
     }
     for name, func in probes.items():
         if only and name != only:
@@ -332,6 +334,60 @@ def probe_onednn(tok) -> dict:
                 }
             except Exception as e:
                 out[key] = {"stride_last": x.stride(-1), **_error(e)}
+    return out
+
+
+# ---------------------------------------------------------------- cpu-compile-cache-load
+def probe_compile_cache(tok) -> dict:
+    """vLLM's own loader of its compile cache (decorators._try_load_aot_compiled_fn, what a start
+    with a warm VLLM_CACHE_ROOT runs) on an artifact compiled as the CPU platform compiles the
+    model: a VllmConfig on this platform (check_and_update_config: DYNAMO_TRACE_ONCE, torch's
+    inductor backend), torch.compile of a module's forward with AOT compile on, as vLLM's
+    TorchCompileWithNoGuardsWrapper does, saved as vLLM saves it. Recorded: whether vLLM took it,
+    the warnings it logged, and the loaded function's output against the module's own."""
+    import tempfile
+
+    import torch
+    from vllm.compilation import decorators
+    from vllm.config import VllmConfig
+
+    class Probe(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(8, 4)
+
+        def forward(self, x):
+            return torch.relu(self.linear(x)) * 2
+
+    warnings = _Warnings("vllm.compilation.decorators")
+    torch.manual_seed(0)
+    model, x = Probe(), torch.randn(3, 8)
+    config = VllmConfig()
+    # What the decorated model carries when vLLM loads its cache for it.
+    model.vllm_config, model._is_encoder, model.compilation_config = config, False, config.compilation_config
+    path = str(Path(tempfile.mkdtemp()) / "model")
+    with torch._dynamo.config.patch(enable_aot_compile=True):
+        compiled = torch.compile(
+            model.forward,
+            fullgraph=True,
+            dynamic=False,
+            backend=config.compilation_config.backend,
+            options={"guard_filter_fn": torch.compiler.skip_all_guards_unsafe},
+        )
+        artifact = compiled.aot_compile(((x,), {}))
+    artifact.save_compiled_function(path)
+    torch._dynamo.reset()
+    out: dict = {
+        "mode": int(config.compilation_config.mode),
+        "backend": str(config.compilation_config.backend),
+        "has_finalize_loading": hasattr(artifact._artifacts.compiled_fn, "finalize_loading"),
+    }
+    loaded = decorators._try_load_aot_compiled_fn(model, path)
+    out["loaded"] = loaded is not None
+    out["warnings"] = warnings.records
+    if loaded is not None:
+        with torch.no_grad():
+            out["max_abs_diff"] = float((loaded(model, x) - model(x)).abs().max())
     return out
 
 
@@ -725,4 +781,4 @@ if __name__ == "__main__":
     elif sys.argv[1] == "probe":
         probe(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)
     else:
-        raise SystemExit(f"usage: {sys.argv[0]} drive | probe OUT.json [logprobs|tool_args|grammar]")
+        raise SystemExit(f"usage: {sys.argv[0]} drive | probe OUT.json [PROBE]")

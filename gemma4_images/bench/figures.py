@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from gemma4_images.spec import matrix
+from gemma4_images.spec import matrix, measured
 from gemma4_images.spec.image_code import gemma4_bench as harness
 from gemma4_images.spec.matrix import ROOT
 
@@ -20,9 +20,9 @@ NOCHANGE_MAX_STEPS = 0
 PATCH_MAX_RATIO = 0.05
 SIZE_OVERHEAD_MAX = 0.01
 OUT = ROOT / "BENCHMARKS.md"
-# Every part's figures from its last run: a run of some parts keeps the others' (BENCHMARKS.md is
-# rendered from this file, and a unit test fails when the two drift).
-RESULTS = ROOT / "benchmarks.json"
+# Every part's figures from its last run (spec/measured.py): a run of some parts keeps the others'
+# (BENCHMARKS.md is rendered from this file, and a unit test fails when the two drift).
+RESULTS = measured.RESULTS
 
 
 # -- pure parts (unit-tested) --------------------------------------------------------------------

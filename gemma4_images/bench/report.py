@@ -5,6 +5,7 @@ from __future__ import annotations
 from gemma4_images.bench.figures import PATCH_MAX_RATIO, TARGET, Scenario, scenario_table
 from gemma4_images.bench.harness import OFFLINE_TINY, SERVED_TINY
 from gemma4_images.bench.load import load_section
+from gemma4_images.bench.pod import section as pod_section
 from gemma4_images.bench.quickstart import quickstart_section
 from gemma4_images.bench.releases import section as releases_section
 from gemma4_images.bench.standins import section as standins_section
@@ -52,6 +53,7 @@ def render_results(results: dict) -> str:
         results.get("tests"),
         results.get("arm64"),
         results.get("releases"),
+        results.get("pod"),
     )
 
 
@@ -249,6 +251,7 @@ def render(
     tests: dict | None = None,
     arm64: dict | None = None,
     releases: dict | None = None,
+    pod: dict | None = None,
 ) -> str:
     """BENCHMARKS.md: each part that has figures, in the page's order."""
     out = [
@@ -267,6 +270,7 @@ def render(
         (arm64, arm64_section),
         (startup, startup_section),
         (load, load_section),
+        (pod, pod_section),
         (releases, releases_section),
     ]
     out += [line for figures, section in parts if figures for line in section(figures)]

@@ -37,6 +37,7 @@ def main(
     with_base: bool = False,
     startup: bool = True,
     load: bool = True,
+    pod: bool = True,
     quickstart: bool = False,
     standins: bool = False,
     tests: bool = False,
@@ -67,6 +68,12 @@ def main(
         t = time.monotonic()
         results["load"] = load_bench(log, m)
         timings["load, faults and stop benchmark"] = time.monotonic() - t
+    if pod:
+        from gemma4_images.bench.pod import pod_bench
+
+        t = time.monotonic()
+        results["pod"] = pod_bench(log, m)
+        timings["pod: memory at two KV sizes, start-up with the compile cache"] = time.monotonic() - t
     if quickstart:
         from gemma4_images.bench import quickstart
 

@@ -170,6 +170,15 @@ def rss_bytes(container) -> int:
     return sum(int(kb) * 1024 for kb in re.findall(r"^VmRSS:\s+(\d+) kB", out, re.M))
 
 
+def working_set_bytes(container) -> int:
+    """The container's memory as the kubelet counts it against requests, limits and eviction: the
+    cgroup's usage less its inactive file pages (cgroup v1 names them total_inactive_file, v2
+    inactive_file). Unlike rss_bytes, pages shared by the server's processes count once."""
+    memory = container.stats(stream=False)["memory_stats"]
+    stats = memory.get("stats", {})
+    return memory["usage"] - stats.get("total_inactive_file", stats.get("inactive_file", 0))
+
+
 def processes(container) -> list[tuple[int, str, str]]:
     """(pid, state, command) of every process in a running container; state Z is a zombie."""
     out = container.exec_run(["sh", "-c", "for s in /proc/[0-9]*/stat; do cat $s 2>/dev/null; echo; done"]).output

@@ -9,6 +9,7 @@ import textwrap
 
 import yaml
 
+from gemma4_images.spec import measured as measured_figures
 from gemma4_images.spec import platforms
 from gemma4_images.spec.matrix import Matrix, model_path
 from gemma4_images.spec.reference import Reference
@@ -17,10 +18,14 @@ from gemma4_images.spec.reference import Reference
 # cannot reach it (measured). One path for every target, named by HF_HOME.
 HF_HOME = "/var/cache/huggingface"
 # vLLM's own caches (VLLM_CACHE_ROOT, vllm/envs.py; default ~/.cache/vllm): torch.compile's artifacts
-# (torch_compile_cache/), the XLA cache on TPU (VLLM_XLA_CACHE_PATH defaults under it) and the model
-# info the entrypoint seeds. On a volume, a pod starts from what an earlier one compiled (measured by
-# hand on the CPU image without --enforce-eager: healthy in 42.9 s cold, 29.6 s from a warm volume).
+# (torch_compile_cache/, with inductor's and triton's caches, vllm/compilation) and the model info the
+# entrypoint seeds; the family's other compile caches are pointed into it (families.*.kubernetes.
+# compile_cache). On a volume, a pod starts from what an earlier one compiled (BENCHMARKS.md, "What a
+# pod needs").
 COMPILE_CACHE = "/var/cache/vllm"
+# Where a family that reads its compile cache from local disk only (Gaudi) finds the shared claim, which
+# an init container copies into the pod's own volume.
+COMPILE_CACHE_SEED = "/var/cache/vllm-seed"
 NON_ROOT_UID = 2000  # the uid the CPU smoke tier runs as
 HTTP = "http"
 # Ready = /health answers and /v1/models lists the served model: the image's own check, on the
@@ -91,6 +96,49 @@ def _model_pieces(reference: str, name: str) -> dict:
     }
 
 
+def busy_processes(devices: int) -> int:
+    """vLLM's processes that each keep a core busy: the API server, the engine core (which runs the
+    model itself on one device), and one worker per device when there are more (multiprocessing)."""
+    return 2 + (devices if devices > 1 else 0)
+
+
+def resources(matrix: Matrix, name: str) -> tuple[dict, str]:
+    """(the container's resources, the header note saying where each figure comes from). Memory:
+    the server's working set as measured on the CPU tier, the checkpoint, and the KV cache when the
+    host holds it; requests only (an estimate from a tiny model is no ceiling to kill a pod at)."""
+    t, family = matrix.targets[name], _family(matrix, name)
+    host, resource = family.kubernetes.resources, family.kubernetes.device_resource
+    measured = measured_figures.pod_memory()
+    kv = (host.kv_cache_gib or 0) * measured["per_kv_gib"]
+    checkpoint = matrix.project.checkpoint_gb * 1e9
+    memory_gib = math.ceil((measured["server"] + checkpoint + kv) / 2**30)
+    cpus = host.cpus or busy_processes(t.kubernetes.devices)
+    out = {"requests": {"cpu": str(cpus), "memory": f"{memory_gib}Gi"}}
+    if resource:
+        out["limits"] = {resource: t.kubernetes.devices}
+    terms = [
+        f'the server {measured["server"] / 2**30:.1f} GiB (measured, BENCHMARKS.md "What a pod needs")',
+        f"the checkpoint {matrix.project.checkpoint_gb} GB",
+        *(
+            [f"{host.kv_cache_gib} GiB of KV cache (VLLM_CPU_KVCACHE_SPACE) at {kv / 2**30:.1f} GiB measured"]
+            if kv
+            else []
+        ),
+    ]
+    cpu_why = (
+        f"{cpus} cores (targets.yaml families.{t.family}.kubernetes.resources)"
+        if host.cpus
+        else f"{cpus} cores, one per busy vLLM process (the API server, the engine core"
+        + (f", {t.kubernetes.devices} workers)" if t.kubernetes.devices > 1 else ")")
+    )
+    note = (
+        f"resources.requests: {cpu_why}; memory {memory_gib}Gi = " + " + ".join(terms) + f" ({host.why}). "
+        "No limits besides the device: E2B's own working set is not measured here; after `kubectl top pod` on "
+        "a serving pod, set limits = requests for Guaranteed QoS (and the static CPU manager's whole cores)."
+    )
+    return out, note
+
+
 def _env(matrix: Matrix, name: str, secret: str, model: dict | None = None) -> list[dict]:
     t = matrix.targets[name]
     family = matrix.families[t.family]
@@ -100,6 +148,11 @@ def _env(matrix: Matrix, name: str, secret: str, model: dict | None = None) -> l
     out = [{"name": k, "value": v} for k, v in env.items()]
     out.append({"name": "HF_HOME", "value": HF_HOME})
     out.append({"name": "VLLM_CACHE_ROOT", "value": COMPILE_CACHE})
+    for key, value in family.kubernetes.compile_cache.env.items():
+        out.append({"name": key, "value": value.format(cache=COMPILE_CACHE)})
+    kv = family.kubernetes.resources.kv_cache_gib
+    if kv:  # else vLLM's CPU worker reserves 90% of the node's memory, whatever the pod asked for
+        out.append({"name": "VLLM_CPU_KVCACHE_SPACE", "value": str(kv)})
     if model:
         out.append(model["env"])  # served from the image's files: no token, no download
     else:
@@ -137,7 +190,7 @@ def _image(matrix: Matrix, name: str, image: str | None, digest: str | None) -> 
 
 def _container(matrix: Matrix, name: str, image: str, secret: str, model: dict | None = None) -> dict:
     t = matrix.targets[name]
-    resource, port = _family(matrix, name).kubernetes.device_resource, matrix.project.port
+    port = matrix.project.port
     health = {"httpGet": {"path": "/health", "port": HTTP}}
     return {
         "name": "vllm",
@@ -147,7 +200,7 @@ def _container(matrix: Matrix, name: str, image: str, secret: str, model: dict |
         "env": _env(matrix, name, secret, model),
         # The API keeps the recipe's model name when the files come from a model image.
         **({"args": ["--served-model-name", matrix.project.model]} if model else {}),
-        **({"resources": {"limits": {resource: t.kubernetes.devices}}} if resource else {}),
+        "resources": resources(matrix, name)[0],
         "securityContext": _security(matrix, name)[1],
         "volumeMounts": [
             {"name": "dshm", "mountPath": "/dev/shm"},
@@ -210,18 +263,46 @@ def _pod(
         "enableServiceLinks": False,
         **({"securityContext": pod_sc} if pod_sc else {}),
         **({"nodeSelector": selector} if selector else {}),
+        **({"initContainers": [_seed_container(container)]} if _seeded(matrix, name, compile_pvc) else {}),
         "containers": [container],
         "volumes": [
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size(matrix, name)}},
             {"name": "hf-cache", **cache},
-            # The first pod compiles into it; with a claim every later pod (and replica) starts warm,
-            # with an emptyDir only a restarted container of the same pod does.
-            {
-                "name": "compile-cache",
-                **({"persistentVolumeClaim": {"claimName": compile_pvc}} if compile_pvc else {"emptyDir": {}}),
-            },
+            *_compile_cache_volumes(matrix, name, compile_pvc),
             *([{"name": "tmp", "emptyDir": {}}] if read_only(matrix, name) else []),
             *([model["volume"]] if model else []),
+        ],
+    }
+
+
+def _seeded(matrix: Matrix, name: str, compile_pvc: str | None) -> bool:
+    """A shared claim that the family may not use in place: copied to the pod's own volume first."""
+    return bool(compile_pvc) and _family(matrix, name).kubernetes.compile_cache.local
+
+
+def _compile_cache_volumes(matrix: Matrix, name: str, compile_pvc: str | None) -> list[dict]:
+    """The first pod compiles into the volume; with a claim every later pod (and replica) starts
+    warm, with an emptyDir only a restarted container of the same pod does."""
+    claim = {"persistentVolumeClaim": {"claimName": compile_pvc}}
+    if _seeded(matrix, name, compile_pvc):
+        return [
+            {"name": "compile-cache", "emptyDir": {}},
+            {"name": "compile-cache-seed", "persistentVolumeClaim": {"claimName": compile_pvc, "readOnly": True}},
+        ]
+    return [{"name": "compile-cache", **(claim if compile_pvc else {"emptyDir": {}})}]
+
+
+def _seed_container(container: dict) -> dict:
+    """Copies the shared claim's caches to the pod's own volume before the server starts."""
+    return {
+        "name": "seed-compile-cache",
+        "image": container["image"],
+        "imagePullPolicy": container["imagePullPolicy"],
+        "command": ["cp", "-a", f"{COMPILE_CACHE_SEED}/.", f"{COMPILE_CACHE}/"],
+        "securityContext": container["securityContext"],
+        "volumeMounts": [
+            {"name": "compile-cache-seed", "mountPath": COMPILE_CACHE_SEED, "readOnly": True},
+            {"name": "compile-cache", "mountPath": COMPILE_CACHE},
         ],
     }
 
@@ -326,17 +407,8 @@ def render_k8s(
         deployment = lws_set(deployment["metadata"], template["metadata"], replicas, nodes, template["spec"])
     dump = lambda doc: yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=110)  # noqa: E731
     header = _header(matrix, name, hf_cache_pvc, hf_token_secret, model_image, image_platforms)
-    header += _wrap(
-        f"Compile cache: vLLM's caches (VLLM_CACHE_ROOT={COMPILE_CACHE}) on "
-        + (
-            f"PersistentVolumeClaim {compile_cache_pvc} (ReadWriteMany for more than one pod): the first pod "
-            "compiles, every later one starts warm"
-            if compile_cache_pvc
-            else "an emptyDir: warm for a restarted container of the same pod only (--compile-cache-pvc shares "
-            "it across pods)"
-        )
-        + "."
-    )
+    header += _wrap(compile_cache_note(matrix, name, compile_cache_pvc))
+    header += _wrap(resources(matrix, name)[1])
     if strategy == "multi_node_tp":
         header += _wrap(
             f"multi_node_tp over {nodes} nodes: a LeaderWorkerSet (leaderworkerset.x-k8s.io/v1, LWS "
@@ -355,6 +427,28 @@ def render_k8s(
     if max(replicas, autoscale[1] if autoscale else 0) > 1:
         extra.append(disruption_budget(app, every_pod))
     return header + "---\n".join(dump(doc) for doc in [deployment, service, *extra])
+
+
+def compile_cache_note(matrix: Matrix, name: str, compile_pvc: str | None) -> str:
+    cache = _family(matrix, name).kubernetes.compile_cache
+    what = f"vLLM's caches (VLLM_CACHE_ROOT={COMPILE_CACHE})" + (f" and {cache.why}" if cache.why else "")
+    if _seeded(matrix, name, compile_pvc):
+        where = (
+            f"the pod's own emptyDir, which init container seed-compile-cache first fills from "
+            f"PersistentVolumeClaim {compile_pvc} (read-only at {COMPILE_CACHE_SEED}: this family reads its "
+            f"cache from local disk only). Fill the claim once from a pod that has warmed up (its {COMPILE_CACHE})"
+        )
+    elif compile_pvc:
+        where = (
+            f"PersistentVolumeClaim {compile_pvc} (ReadWriteMany for more than one pod): the first pod "
+            "compiles, every later one starts warm"
+        )
+    else:
+        where = (
+            "an emptyDir: warm for a restarted container of the same pod only (--compile-cache-pvc shares it "
+            "across pods)"
+        )
+    return f"Compile cache: {what} on {where}."
 
 
 def _wrap(note: str) -> str:

@@ -48,6 +48,7 @@ class Project(Strict):
     transformers_version: str
     source: str
     port: int
+    checkpoint_gb: float  # the model's weights as published, in GB (10^9 bytes)
 
 
 class Variant(Strict):
@@ -75,6 +76,26 @@ class Security(Strict):
     why: str
 
 
+class CompileCache(Strict):
+    """The family's compile caches beyond vLLM's own (VLLM_CACHE_ROOT), pointed into the pod's
+    compile-cache volume: env values may name that volume's path as {cache}."""
+
+    env: dict[str, str] = {}
+    # Read from local disk only: a shared claim seeds the pod's own volume (an init container copies
+    # it) instead of being used in place.
+    local: bool = False
+    why: str = ""
+
+
+class HostResources(Strict):
+    """What a pod asks of its node besides the device (generate/k8s.py resources)."""
+
+    cpus: int | None = None  # None: one per busy vLLM process (k8s.py busy_processes)
+    # The KV cache held in host memory (CPU family: VLLM_CPU_KVCACHE_SPACE in the pod), GiB.
+    kv_cache_gib: int | None = None
+    why: str
+
+
 class FamilyKubernetes(Strict):
     """How a pod gets what `docker run` gives the container."""
 
@@ -82,6 +103,8 @@ class FamilyKubernetes(Strict):
     # Env the recipe's `docker run` sets that a device plugin sets per pod instead.
     plugin_env: list[str] = []
     security: Security
+    compile_cache: CompileCache = CompileCache()
+    resources: HostResources
 
 
 class Family(Strict):

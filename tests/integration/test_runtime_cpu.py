@@ -1,8 +1,9 @@
 """The CPU image under load, client faults, engine death and `docker stop`, run as the rendered CPU
 Kubernetes manifest runs it (no cluster here): its pod securityContext (uid 2000, fsGroup, every
 capability dropped, no privilege escalation, a read-only root filesystem with /tmp on an emptyDir),
-its /dev/shm size, env and HF cache volume, and its readiness probe. Tiny model, loopback only;
-every wait is bounded."""
+its /dev/shm size, env (with its KV cache size), its memory request enforced as a limit, its HF
+and compile cache volumes, and its readiness probe. Tiny model, loopback only; every wait is
+bounded."""
 
 import os
 import shutil
@@ -49,6 +50,9 @@ def locked(client, m, cpu_image):
         privileged=False,
         read_only=sc["readOnlyRootFilesystem"],
         shm_size=shm.replace("Gi", "g"),
+        # The pod's memory request as a hard limit: the pod's VLLM_CPU_KVCACHE_SPACE keeps vLLM
+        # inside it (without it vLLM's CPU worker reserves 90% of the host's memory).
+        mem_limit=c["resources"]["requests"]["memory"].replace("Gi", "g"),
     )
     # The pod's /tmp emptyDir. exec: docker mounts tmpfs noexec by default, and torch.compile (the
     # CPU sampler) loads the shared objects it builds there (seen failing without).
@@ -59,8 +63,7 @@ def locked(client, m, cpu_image):
     os.chown(compiled, 0, pod_sc["fsGroup"])
     os.chmod(compiled, 0o2775)
     container.with_volume_mapping(compiled, k8s.COMPILE_CACHE, "rw")
-    # This 2-core builder's RAM: as the CPU smoke tier sets it.
-    for key, value in {**env, "GEMMA4_MODEL": "/models/tiny", "VLLM_CPU_KVCACHE_SPACE": "1"}.items():
+    for key, value in {**env, "GEMMA4_MODEL": "/models/tiny"}.items():
         container.with_env(key, value)
     args = ["--enforce-eager", "--host", "127.0.0.1", "--port", str(port), "--served-model-name", MODEL]
     container.with_command(args)
@@ -78,6 +81,7 @@ def test_it_serves_as_the_manifest_says(locked):
     wrapped, url, c, ready_before = locked
     config = wrapped.attrs["HostConfig"]
     assert config["ReadonlyRootfs"] and config["CapDrop"] == ["ALL"] and not config["Privileged"]
+    assert config["Memory"] == int(c["resources"]["requests"]["memory"].removesuffix("Gi")) * 2**30
     status = wrapped.exec_run(["sh", "-c", "id -u; grep CapEff /proc/1/status"]).output.decode()
     assert status.split()[0] == "2000" and "CapEff:\t0000000000000000" in status
     assert ready_before != 0, "ready before the server started"

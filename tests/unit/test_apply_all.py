@@ -448,7 +448,12 @@ def test_real_profiles_match_the_recipe(env):
     cpu = module.load_profile(str(PATCHES), "vllm-0.30.0")
     assert cpu["requires"] == {"vllm": {"version": "0.30.0", "commit": "ced6857a"}}
     # The recipe's two vLLM fixes, and one found here (an audio request on a oneDNN CPU build).
-    assert cpu["generic"] == ["logprobs-decode-guard", "shutdown-ends-requests", "cpu-onednn-strided-input"]
+    assert cpu["generic"] == [
+        "logprobs-decode-guard",
+        "shutdown-ends-requests",
+        "cpu-onednn-strided-input",
+        "cpu-compile-cache-load",
+    ]
     assert cpu["opt_in"] == ["gemma4-required-tool-grammar", "gemma4-buffered-tool-args"]
 
 

@@ -14,6 +14,7 @@ from gemma4_images.check import running
 from gemma4_images.generate import k8s
 from gemma4_images.publish import publish
 from gemma4_images.spec import matrix
+from gemma4_images.spec import measured as spec_measured
 from gemma4_images.spec.image_code import gemma4_serve
 from tests.cli import build_py
 
@@ -481,3 +482,80 @@ def test_vllms_compile_caches_live_on_their_own_volume():
     assert {"name": "compile-cache", "persistentVolumeClaim": {"claimName": "vllm-compile"}} in shared["volumes"]
     out = build_py("k8s", "cpu", "--compile-cache-pvc", "vllm-compile").stdout
     assert "claimName: vllm-compile" in out and "every later one starts warm" in out.replace("\n#   ", " ")
+
+
+def test_every_cache_the_family_compiles_into_is_on_the_volume():
+    # tpu-inference hands JAX VLLM_XLA_CACHE_PATH, whose default is not under VLLM_CACHE_ROOT.
+    env = {e["name"]: e.get("value") for e in container("trillium")["env"]}
+    assert env["VLLM_XLA_CACHE_PATH"] == f"{k8s.COMPILE_CACHE}/xla_cache"
+    env = {e["name"]: e.get("value") for e in container("gaudi2")["env"]}
+    path, delete, size = env["PT_HPU_RECIPE_CACHE_CONFIG"].split(",")
+    assert path.startswith(k8s.COMPILE_CACHE + "/") and delete == "false" and int(size) > 0
+    # The other families compile into VLLM_CACHE_ROOT only.
+    for target in ("h100", "mi300x", "xeon6"):
+        names = {e["name"] for e in container(target)["env"]}
+        assert not names & {"VLLM_XLA_CACHE_PATH", "PT_HPU_RECIPE_CACHE_CONFIG"}
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_shared_claim_seeds_gaudis_local_cache_and_is_used_in_place_elsewhere(version):
+    rendered = docs("gaudi2", compile_cache_pvc="warm")
+    spec = rendered[0]["spec"]["template"]["spec"]
+    kubernetes_validate.validate(rendered[0], version, strict=True)
+    (init,) = spec["initContainers"]
+    assert init["image"] == spec["containers"][0]["image"]
+    assert init["command"] == ["cp", "-a", f"{k8s.COMPILE_CACHE_SEED}/.", f"{k8s.COMPILE_CACHE}/"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["compile-cache"] == {"name": "compile-cache", "emptyDir": {}}  # local disk
+    assert volumes["compile-cache-seed"]["persistentVolumeClaim"] == {"claimName": "warm", "readOnly": True}
+    # Without a claim, or for a family that may use it in place, no seeding.
+    assert "initContainers" not in pod("gaudi2") and "initContainers" not in pod("h100", compile_cache_pvc="warm")
+
+
+def test_the_seed_copy_fills_the_pods_volume_with_the_claims_tree(tmp_path):
+    # The init container's own command, run here on a copy of what a warm claim holds.
+    import subprocess
+
+    command = docs("gaudi2", compile_cache_pvc="warm")[0]["spec"]["template"]["spec"]["initContainers"][0]["command"]
+    seed, local = tmp_path / "seed", tmp_path / "local"
+    (seed / "hpu-recipes").mkdir(parents=True)
+    (seed / "hpu-recipes" / "r1").write_bytes(b"recipe")
+    (seed / ".hidden").write_text("x")
+    local.mkdir()
+    # The pod's mount points, here: the seed claim first (the cache path is a prefix of it).
+    here = [
+        a.replace(k8s.COMPILE_CACHE_SEED, str(seed)) if a.startswith(k8s.COMPILE_CACHE_SEED) else a for a in command
+    ]
+    subprocess.run([a.replace(k8s.COMPILE_CACHE, str(local)) for a in here], check=True)
+    assert (local / "hpu-recipes" / "r1").read_bytes() == b"recipe" and (local / ".hidden").exists()
+
+
+def test_memory_requests_add_the_measured_server_the_checkpoint_and_a_host_kv_cache():
+    measured = spec_measured.pod_memory()
+    assert 0.5 * 2**30 < measured["server"] < 8 * 2**30  # a server, not a model: see BENCHMARKS.md
+    checkpoint = M.project.checkpoint_gb * 1e9
+    cpu = container("xeon6")
+    kv = M.families["cpu"].kubernetes.resources.kv_cache_gib
+    assert {"name": "VLLM_CPU_KVCACHE_SPACE", "value": str(kv)} in cpu["env"]
+    expect = -(-(measured["server"] + checkpoint + kv * measured["per_kv_gib"]) // 2**30)
+    assert cpu["resources"] == {"requests": {"cpu": "8", "memory": f"{expect:.0f}Gi"}}
+    # On a device the weights and the KV cache live there: the host holds the server and the
+    # checkpoint's pages as they are read.
+    for target in ("h100", "gaudi2", "trillium"):
+        c = container(target)
+        assert c["resources"]["requests"]["memory"] == f"{-(-(measured['server'] + checkpoint) // 2**30):.0f}Gi"
+        assert "VLLM_CPU_KVCACHE_SPACE" not in {e["name"] for e in c["env"]}
+    # One core per busy vLLM process: 4 chips are 4 workers besides the API server and engine core.
+    assert container("h100")["resources"]["requests"]["cpu"] == "2"
+    assert container("ironwood")["resources"]["requests"]["cpu"] == "6"
+
+
+def test_the_header_says_where_each_request_comes_from():
+    text = k8s.render_k8s(M, "xeon6").replace("\n#   ", " ")
+    assert "measured, BENCHMARKS.md" in text and "checkpoint 10.2 GB" in text and "VLLM_CPU_KVCACHE_SPACE" in text
+
+
+def test_without_pod_figures_k8s_says_to_run_the_bench(tmp_path, monkeypatch):
+    monkeypatch.setattr(spec_measured, "RESULTS", tmp_path / "benchmarks.json")
+    with pytest.raises(matrix.MatrixError, match="make bench"):
+        k8s.render_k8s(M, "xeon6")
