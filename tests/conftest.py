@@ -1,10 +1,18 @@
 """Markers: `integration` needs a Docker engine; `device` and one marker per target select the
 accelerator tiers (`pytest -m gaudi2`); CI runs `-m "not device"`."""
 
+import os
+
 import pytest
 
+from gemma4_images.build.docker_build import OFFLINE
 from gemma4_images.spec import matrix
 from testkit import tiny_gemma4
+
+# Nothing the tests build asks a registry off this machine for a base (only a loopback one, as
+# tests/integration/test_pin_registry.py runs): the stand-ins serve. Inherited by every command the
+# tests run.
+os.environ.setdefault(OFFLINE, "1")
 
 
 def pytest_xdist_make_scheduler(config, log):

@@ -24,6 +24,9 @@ SERVE = {
     "test_fix_gemma4_buffered_tool_args.py",
     "test_fix_gemma4_required_tool_grammar.py",
     "test_fix_logprobs_decode_guard.py",
+    "test_fix_cpu_onednn_strided_input.py",
+    "test_fix_cpu_compile_cache_load.py",
+    "test_compile_cache_cpu.py",
     "test_multi_node_cpu.py",
     "test_autoscale_signal.py",
 }

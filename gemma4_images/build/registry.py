@@ -38,14 +38,19 @@ class RegistryUnavailable(RegistryError):
     pass
 
 
+def is_loopback(host: str) -> bool:
+    """A registry on this machine: localhost or a loopback address, with or without a port."""
+    name = host[1:].partition("]")[0] if host.startswith("[") else host.partition(":")[0]
+    try:
+        return name == "localhost" or ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
 def scheme(host: str) -> str:
     # The daemon itself speaks plain HTTP to loopback registries (127.0.0.0/8 is insecure by
     # default); anything else is HTTPS.
-    name = host[1:].partition("]")[0] if host.startswith("[") else host.partition(":")[0]
-    try:
-        return "http" if name == "localhost" or ipaddress.ip_address(name).is_loopback else "https"
-    except ValueError:
-        return "https"
+    return "http" if is_loopback(host) else "https"
 
 
 def api_host(host: str) -> str:
