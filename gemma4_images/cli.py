@@ -833,7 +833,7 @@ def inspect(image):
     "--no-pod",
     "skip_pod",
     is_flag=True,
-    help="Skip what a pod needs: memory at two KV cache sizes and start-up with the compile-cache volume (~8 min).",
+    help="Skip what a pod needs: memory at two KV cache sizes and start-up with the compile-cache volume (~7 min).",
 )
 @click.option(
     "--with-base", is_flag=True, help="Also time a no-cache build of the local CPU base (~3.5 min; re-tags the base)."

@@ -1,7 +1,7 @@
 """What a Kubernetes pod of the CPU image needs, measured: its memory as the kubelet counts it, split
 into what the KV cache adds and what stays, and its start-up with vLLM's compile caches
 (VLLM_CACHE_ROOT) in the container, on an empty volume and on a volume an earlier start filled.
-`build.py k8s` sizes memory requests from the first (generate/k8s.py memory_request); the second is
+`build.py k8s` sizes memory requests from the first (generate/k8s.py resources); the second is
 what its compile-cache volume buys."""
 
 from __future__ import annotations
@@ -39,23 +39,30 @@ def memory_bench(log, m: matrix.Matrix, image: str) -> dict:
     from gemma4_images.check import running, server, traffic
 
     model = trained.ensure()
-    rows = []
+    rows: list[dict] = []
     for kv in KV_GIB:
         customize = lambda c, kv=kv: c.with_env("VLLM_CPU_KVCACHE_SPACE", str(kv))  # noqa: E731
         # Compiled, as a pod runs the recipe's launch (no --enforce-eager): its graphs count too.
-        with server.serve(m, TARGET, image, str(model), eager=False, customize=customize) as srv:
+        with server.serve(m, TARGET, image, str(model), eager=False, keep_compiles=False, customize=customize) as srv:
             traffic.run(srv.url, srv.served, **traffic.WARM_UP)
             idle = running.working_set_bytes(srv.container)
             traffic.run(srv.url, srv.served, **traffic.RECIPE_LOAD)
             loaded = running.working_set_bytes(srv.container)
         rows.append({"kv_gib": kv, "idle": idle, "loaded": loaded})
         log(f"bench: pod memory, KV {kv} GiB: working set {idle / GiB:.2f} GiB idle, {loaded / GiB:.2f} GiB loaded")
-    (a, b) = rows[0], rows[-1]
-    per_kv_gib = (b["loaded"] - a["loaded"]) / (b["kv_gib"] - a["kv_gib"])
-    weights = _weights_bytes(model)
+    return {"image": image, "rows": rows, **memory_figures(rows, _weights_bytes(model))}
+
+
+def memory_figures(rows: list[dict], weights: int) -> dict:
+    """From the loaded working sets at two KV sizes: the slope per GiB of KV cache; what a GiB
+    costs (the slope, but never less than a GiB: vLLM zero-fills the cache, torch.zeros in
+    vllm/v1/worker/utils.py allocate_kv_cache, so all of it is resident, and two points of a working
+    set that also holds file pages are noisy); the server's own part at zero KV, less the weights."""
+    a, b = rows[0], rows[-1]
+    slope = (b["loaded"] - a["loaded"]) / (b["kv_gib"] - a["kv_gib"])
+    per_kv_gib = max(slope, GiB)
     return {
-        "image": image,
-        "rows": rows,
+        "slope": slope,
         "per_kv_gib": per_kv_gib,
         "weights": weights,
         "server": a["loaded"] - a["kv_gib"] * per_kv_gib - weights,
@@ -93,7 +100,11 @@ def compile_cache_bench(log, m: matrix.Matrix, image: str, rounds: int = CACHE_R
                 c.with_env("VLLM_CACHE_ROOT", COMPILE_CACHE)
 
             for kind, customize in (("none", None), ("cold", on_volume), ("warm", on_volume)):
-                with server.serve(m, TARGET, image, model, eager=False, customize=customize) as srv:
+                # keep_compiles False: none of this machine's compile caches (the smoke keeps one
+                # for inductor's headers in /tmp), as a pod's /tmp is a fresh emptyDir.
+                with server.serve(
+                    m, TARGET, image, model, eager=False, keep_compiles=False, customize=customize
+                ) as srv:
                     times[kind].append(srv.seconds_to_healthy)
                 log_text = "\n".join(srv.final_log)
                 if kind == "warm":
@@ -138,13 +149,14 @@ def section(pod: dict) -> list[str]:
         "",
         f"`{mem['image']}` served as a pod runs it (uid 2000, vLLM compiling: no `--enforce-eager`); memory is "
         "the container's working set "
-        "as the kubelet counts it (cgroup usage less inactive file pages), idle after one request and "
+        "as the kubelet counts it (cgroup usage less inactive file pages), idle after a warm-up of two streams and "
         "again after the recipe's 64 streams + 16 plain requests, at two KV cache sizes.",
         "",
         harness._markdown(mem_rows),
         "",
-        f"Each GiB of KV cache adds {mem['per_kv_gib'] / GiB:.2f} GiB (vLLM zero-fills it). Without KV "
-        f"cache and without the tiny model's weights ({mem['weights'] / 2**20:.0f} MiB), the server "
+        f"Between the two sizes the working set grew {mem['slope'] / GiB:.2f} GiB per GiB of KV cache; vLLM "
+        f"zero-fills the cache, so a GiB counts {mem['per_kv_gib'] / GiB:.2f} GiB (never less than whole). "
+        f"Without KV cache and without the tiny model's weights ({mem['weights'] / 2**20:.0f} MiB), the server "
         f"itself takes **{mem['server'] / GiB:.2f} GiB** loaded: `build.py k8s` asks for that plus the "
         "E2B checkpoint plus the pod's KV cache (docs/kubernetes.md).",
         "",

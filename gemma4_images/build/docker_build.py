@@ -66,14 +66,14 @@ def wrong_platform(image, ref: str, platform: str) -> str | None:
     return None if built_for == platform else f"{ref} is a {built_for} image, not {platform}; give the {platform} image"
 
 
-# Set (to anything but "" or 0): no registry off this machine is asked for an image. An
-# air-gapped build host then fails fast, or takes the stand-in, instead of waiting on a registry it
-# cannot reach; the test suite sets it, so nothing it builds sends traffic off the machine.
+# Set to 1 (or true, yes): no registry off this machine is asked for an image. An air-gapped build
+# host then fails fast, or takes the stand-in, instead of waiting on a registry it cannot reach; the
+# test suite sets it, so nothing it builds sends traffic off the machine.
 OFFLINE = "GEMMA4_OFFLINE"
 
 
 def offline() -> bool:
-    return os.environ.get(OFFLINE, "") not in ("", "0")
+    return os.environ.get(OFFLINE, "").strip().lower() in ("1", "true", "yes")
 
 
 def pull(client, ref: str, platform: str | None = None) -> str | None:

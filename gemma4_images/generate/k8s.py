@@ -119,11 +119,7 @@ def resources(matrix: Matrix, name: str) -> tuple[dict, str]:
     terms = [
         f'the server {measured["server"] / 2**30:.1f} GiB (measured, BENCHMARKS.md "What a pod needs")',
         f"the checkpoint {matrix.project.checkpoint_gb} GB",
-        *(
-            [f"{host.kv_cache_gib} GiB of KV cache (VLLM_CPU_KVCACHE_SPACE) at {kv / 2**30:.1f} GiB measured"]
-            if kv
-            else []
-        ),
+        *([f"the KV cache {kv / 2**30:.1f} GiB (VLLM_CPU_KVCACHE_SPACE={host.kv_cache_gib})"] if kv else []),
     ]
     cpu_why = (
         f"{cpus} cores (targets.yaml families.{t.family}.kubernetes.resources)"

@@ -14,6 +14,9 @@ def pod_memory() -> dict:
     """The CPU image's pod as bench/pod.py memory_bench measured it: the server's own working set
     ("server", bytes) and what one GiB of VLLM_CPU_KVCACHE_SPACE adds ("per_kv_gib", bytes)."""
     try:
-        return json.loads(RESULTS.read_text())["pod"]["memory"]
-    except (OSError, KeyError, ValueError):
-        raise MatrixError(f"{RESULTS.name} has no pod memory figures: run `make bench` (its pod part) first") from None
+        memory = json.loads(RESULTS.read_text())["pod"]["memory"]
+        if all(isinstance(memory[key], (int, float)) and memory[key] > 0 for key in ("server", "per_kv_gib")):
+            return memory
+    except (OSError, KeyError, TypeError, ValueError):
+        pass
+    raise MatrixError(f"{RESULTS.name} has no pod memory figures: run `make bench` (its pod part) first")

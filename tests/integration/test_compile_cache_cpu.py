@@ -41,7 +41,10 @@ def two_starts(m, image: str, volume) -> list[list[str]]:
 
     logs = []
     for _ in range(2):
-        with server.serve(m, "xeon6", image, str(trained.ensure()), eager=False, customize=on_volume) as srv:
+        # Nothing of this machine's own compile caches (keep_compiles): only the pod's volume.
+        with server.serve(
+            m, "xeon6", image, str(trained.ensure()), eager=False, keep_compiles=False, customize=on_volume
+        ) as srv:
             # The scripted answer exactly: the loaded model computes what the compiled one did.
             assert smoke.Checks(srv.url, srv.served, script=exchanges.EXCHANGES).chat().endswith("'Paris.'")
             logs.append(srv.log())

@@ -29,11 +29,10 @@ class FakeEngine:
         self.images = FakeImages(present)
 
 
-def test_the_suite_runs_offline():
-    assert docker_build.offline()
-
-
-@pytest.mark.parametrize("value, off", [("1", True), ("yes", True), ("0", False), ("", False)])
+@pytest.mark.parametrize(
+    "value, off",
+    [("1", True), ("yes", True), ("TRUE", True), ("0", False), ("false", False), ("no", False), ("", False)],
+)
 def test_what_turns_it_on(monkeypatch, value, off):
     monkeypatch.setenv(docker_build.OFFLINE, value)
     assert docker_build.offline() is off
@@ -49,7 +48,8 @@ def test_what_turns_it_on(monkeypatch, value, off):
         ("[::1]:5000/base:1", True),
     ],
 )
-def test_offline_only_a_loopback_registry_is_asked(ref, asked):
+def test_offline_only_a_loopback_registry_is_asked(ref, asked, monkeypatch):
+    monkeypatch.setenv(docker_build.OFFLINE, "1")
     engine = FakeEngine()
     reason = docker_build.pull(engine, ref)
     assert bool(engine.images.pulled) is asked
@@ -58,7 +58,8 @@ def test_offline_only_a_loopback_registry_is_asked(ref, asked):
         assert reason.startswith("GEMMA4_OFFLINE is set")
 
 
-def test_offline_the_stand_in_is_built_on_without_asking_the_registry():
+def test_offline_the_stand_in_is_built_on_without_asking_the_registry(monkeypatch):
+    monkeypatch.setenv(docker_build.OFFLINE, "1")
     t = M.targets["xeon6"]
     standin = M.standin("xeon6", None).tag
     engine, said = FakeEngine(present=[standin]), []
@@ -73,7 +74,8 @@ def test_offline_the_stand_in_is_built_on_without_asking_the_registry():
     "target, way_out",
     [("b200", "build the local stand-in with `python build.py base b200`"), ("h100", "pass --base-image")],
 )
-def test_offline_without_the_base_or_its_stand_in_says_the_way_out(target, way_out):
+def test_offline_without_the_base_or_its_stand_in_says_the_way_out(target, way_out, monkeypatch):
+    monkeypatch.setenv(docker_build.OFFLINE, "1")
     engine = FakeEngine()
     with pytest.raises(images.BaseUnavailable) as e:
         images.resolve_base(engine, M, target, None, print)
