@@ -7,7 +7,6 @@ what its compile-cache volume buys."""
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -24,9 +23,6 @@ GiB = 2**30
 # it is resident); what stays at zero KV is the server itself plus the model's weights.
 KV_GIB = (1, 3)
 CACHE_ROUNDS = 3
-# What vLLM logs when a start takes its compiled model from the cache instead of compiling it
-# (vllm/compilation/decorators.py, the AOT artifact; backends.py, a piecewise graph).
-LOADED = re.compile(r"Directly load (AOT compilation|the compiled graph)")
 
 
 def _weights_bytes(model: Path) -> int:
@@ -85,7 +81,7 @@ def compile_cache_bench(log, m: matrix.Matrix, image: str, rounds: int = CACHE_R
     no volume (its caches in the container, gone with it), an empty volume at VLLM_CACHE_ROOT (a
     pod's first start), then the same volume again (every later start with --compile-cache-pvc, or a
     restarted container with the emptyDir). Each round in that order; medians compared."""
-    from gemma4_images.check import server
+    from gemma4_images.check import server, smoke
 
     model = str(trained.ensure())
     times: dict[str, list[float]] = {"none": [], "cold": [], "warm": []}
@@ -108,7 +104,7 @@ def compile_cache_bench(log, m: matrix.Matrix, image: str, rounds: int = CACHE_R
                     times[kind].append(srv.seconds_to_healthy)
                 log_text = "\n".join(srv.final_log)
                 if kind == "warm":
-                    loaded_from_cache.append(bool(LOADED.search(log_text)))
+                    loaded_from_cache.append(bool(smoke.COMPILE_LOADED.search(log_text)))
             size = _du(volume)
             log(
                 f"bench: compile cache round {n + 1}/{rounds}: none {times['none'][-1]:.1f} s, "

@@ -392,6 +392,12 @@ def answer_text(answer: dict) -> str:
 # not process) as a WARNING and serves on; the requests of that modality then fail the same way.
 LOG_PROBLEM = re.compile(r"\bERROR\b|Traceback \(most recent call last\)|[Mm]ulti-modal warmup failed")
 
+# What vLLM 0.30.0 logs of its compile cache under VLLM_CACHE_ROOT (vllm/compilation/decorators.py):
+# the compiled model saved, taken back at a later start, or compiled again because the load failed.
+COMPILE_SAVED = re.compile(r"saved AOT compiled function to (\S+)")
+COMPILE_LOADED = re.compile(r"Directly load AOT compilation from path (\S+)")
+COMPILE_LOAD_FAILED = "Compiling model again due to a load failure"
+
 
 # The line a Python traceback ends on ("ValueError: ...", "torch.OutOfMemoryError: ..."), wherever
 # vLLM's process prefix and log header put it: a failed check's cause on the server's side, which a

@@ -184,7 +184,7 @@ def _image(matrix: Matrix, name: str, image: str | None, digest: str | None) -> 
     return str(ref.with_digest(digest)) if digest and not ref.digest else str(ref)
 
 
-def _container(matrix: Matrix, name: str, image: str, secret: str, model: dict | None = None) -> dict:
+def _container(matrix: Matrix, name: str, image: str, secret: str, requests: dict, model: dict | None = None) -> dict:
     t = matrix.targets[name]
     port = matrix.project.port
     health = {"httpGet": {"path": "/health", "port": HTTP}}
@@ -196,7 +196,7 @@ def _container(matrix: Matrix, name: str, image: str, secret: str, model: dict |
         "env": _env(matrix, name, secret, model),
         # The API keeps the recipe's model name when the files come from a model image.
         **({"args": ["--served-model-name", matrix.project.model]} if model else {}),
-        "resources": resources(matrix, name)[0],
+        "resources": requests,
         "securityContext": _security(matrix, name)[1],
         "volumeMounts": [
             {"name": "dshm", "mountPath": "/dev/shm"},
@@ -279,13 +279,13 @@ def _seeded(matrix: Matrix, name: str, compile_pvc: str | None) -> bool:
 def _compile_cache_volumes(matrix: Matrix, name: str, compile_pvc: str | None) -> list[dict]:
     """The first pod compiles into the volume; with a claim every later pod (and replica) starts
     warm, with an emptyDir only a restarted container of the same pod does."""
-    claim = {"persistentVolumeClaim": {"claimName": compile_pvc}}
     if _seeded(matrix, name, compile_pvc):
         return [
             {"name": "compile-cache", "emptyDir": {}},
             {"name": "compile-cache-seed", "persistentVolumeClaim": {"claimName": compile_pvc, "readOnly": True}},
         ]
-    return [{"name": "compile-cache", **(claim if compile_pvc else {"emptyDir": {}})}]
+    volume = {"persistentVolumeClaim": {"claimName": compile_pvc}} if compile_pvc else {"emptyDir": {}}
+    return [{"name": "compile-cache", **volume}]
 
 
 def _seed_container(container: dict) -> dict:
@@ -364,7 +364,8 @@ def render_k8s(
     prometheus = prometheus or PROMETHEUS
     on_device = _family(matrix, name).kubernetes.device_resource is not None
     model = _model_pieces(model_image, model_name) if model_image else None
-    container = _container(matrix, name, _image(matrix, name, image, digest), hf_token_secret, model)
+    requests, requests_note = resources(matrix, name)  # benchmarks.json read once per render
+    container = _container(matrix, name, _image(matrix, name, image, digest), hf_token_secret, requests, model)
     version = Reference.split(matrix.tag(name)).tag
     if strategy == "multi_node_tp":
         labels = {**labels, LWS_ROLE: "leader"}  # the Service sends requests to leaders only
@@ -404,7 +405,7 @@ def render_k8s(
     dump = lambda doc: yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=110)  # noqa: E731
     header = _header(matrix, name, hf_cache_pvc, hf_token_secret, model_image, image_platforms)
     header += _wrap(compile_cache_note(matrix, name, compile_cache_pvc))
-    header += _wrap(resources(matrix, name)[1])
+    header += _wrap(requests_note)
     if strategy == "multi_node_tp":
         header += _wrap(
             f"multi_node_tp over {nodes} nodes: a LeaderWorkerSet (leaderworkerset.x-k8s.io/v1, LWS "

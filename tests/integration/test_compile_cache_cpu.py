@@ -5,8 +5,6 @@ compiling again (the pack's cpu-compile-cache-load; the image without the pack l
 model again due to a load failure" and compiles again). Tiny trained model, loopback only; the
 start-up seconds are BENCHMARKS.md's ("What a pod needs"), not asserted here."""
 
-import re
-
 import pytest
 import yaml
 
@@ -15,10 +13,6 @@ from gemma4_images.generate import k8s
 from testkit import exchanges, trained
 
 pytestmark = pytest.mark.integration
-
-SAVED = re.compile(r"saved AOT compiled function to (\S+)")
-LOADED = re.compile(r"Directly load AOT compilation from path (\S+)")
-FAILED = "Compiling model again due to a load failure"
 
 
 def pod_cache_env(m) -> dict[str, str]:
@@ -53,9 +47,9 @@ def two_starts(m, image: str, volume) -> list[list[str]]:
 
 def test_the_second_start_loads_what_the_first_compiled_into_the_volume(m, cpu_image, tmp_path):
     cold, warm = two_starts(m, cpu_image, tmp_path)
-    saved = SAVED.findall("\n".join(cold))
+    saved = smoke.COMPILE_SAVED.findall("\n".join(cold))
     assert saved and all(path.startswith(pod_cache_env(m)["VLLM_CACHE_ROOT"]) for path in saved)
     warm_text = "\n".join(warm)
-    assert sorted(LOADED.findall(warm_text)) == sorted(saved), "the warm start compiled again"
-    assert FAILED not in warm_text and not SAVED.search(warm_text)
+    assert sorted(smoke.COMPILE_LOADED.findall(warm_text)) == sorted(saved), "the warm start compiled again"
+    assert smoke.COMPILE_LOAD_FAILED not in warm_text and not smoke.COMPILE_SAVED.search(warm_text)
     smoke.startup_log(warm)

@@ -589,7 +589,8 @@ def test_the_deployment_page_quotes_the_figures_benchmarks_json_and_the_manifest
     # run that moves a figure makes this fail until the page says the same.
     pod = json.loads(spec_measured.RESULTS.read_text())["pod"]
     mem, cache = pod["memory"], pod["compile_cache"]
-    page = " ".join((k8s_docs := spec_measured.RESULTS.parent / "docs" / "kubernetes.md").read_text().split())
+    doc = spec_measured.RESULTS.parent / "docs" / "kubernetes.md"
+    page = " ".join(doc.read_text().split())
     server = f"{mem['server'] / 2**30:.2f}"
     quoted = [
         f"grew {mem['slope'] / 2**30:.2f} GiB per GiB",
@@ -601,4 +602,4 @@ def test_the_deployment_page_quotes_the_figures_benchmarks_json_and_the_manifest
         f"**{cache['median']['warm']:.1f} s** on the warm volume ({cache['warm_over_none']:.2f}x)",
         f"held {cache['cache_bytes'] / 2**20:.1f} MiB",
     ]
-    assert [q for q in quoted if q not in page] == [], k8s_docs
+    assert [q for q in quoted if q not in page] == [], doc
