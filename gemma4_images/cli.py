@@ -325,7 +325,7 @@ def build(
     """Build TARGETS (names or aliases; `all` for every target)."""
     m = load()
     names = every_target(m, targets)
-    if platform:
+    if platform is not None:
         p = platforms.parse(platform)
         if list(targets) == ["all"]:
             skipped = [n for n in names if p.name not in m.platforms(n)]
@@ -631,7 +631,7 @@ def push(
     """Tag and push TARGETS' images, each platform's (an index joins two or more); attach each
     image's reports/sbom-<target>[-<arch>].cdx.json and provenance-….intoto.json when present, sign
     with --sign-by; prints each digest and records all of it in reports/pushed.json."""
-    wanted = [p.strip() for names in platform_names for p in names.split(",") if p.strip()]
+    wanted = [p.strip() for names in platform_names for p in names.split(",")]  # an empty one is refused below
     if image and len(targets) > 1:
         fail("--image names one image; give one target", 2)
     if image and len(wanted) > 1:
@@ -695,7 +695,7 @@ def verify(ref, key, policy, signatures, dest, attachments_dir, require_attachme
     signed) before deploying it; exit 1 with the reason when it is refused."""
     from gemma4_images.publish import verify as verify_mod
 
-    if platform:
+    if platform is not None:
         platforms.parse(platform)  # before anything is asked of the registry
     result = verify_mod.verify(
         ref,

@@ -52,8 +52,9 @@ class PlatformError(Exception):
 
 
 def parse(name: str | None) -> Platform:
-    """The platform called name (None: the default), or one line listing the known ones."""
-    name = name or DEFAULT
+    """The platform called name (None: the default), or one line listing the known ones (an empty
+    name too: `--platform ''` is a mistake, not a request for the default)."""
+    name = DEFAULT if name is None else name
     # What Docker also accepts: a name with its variant, and the kernel's machine names.
     aliases = {f"{p.name}/{p.variant}": p.name for p in KNOWN.values() if p.variant}
     aliases |= {f"{p.os}/{p.machine}": p.name for p in KNOWN.values()}

@@ -45,6 +45,20 @@ def test_the_names_docker_also_accepts_mean_the_same_platform(given, name):
     assert platforms.parse(given).name == name
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["tag", "cpu", "--platform", ""],
+        ["build", "cpu", "--dry-run", "--platform", ""],
+        ["push", "cpu", "--registry", "127.0.0.1:1/ns", "--platform", ""],
+    ],
+)
+def test_an_empty_platform_is_refused_not_taken_for_the_default(args):
+    r = cli(*args)
+    assert r.returncode == 2 and r.stdout == "", r.stdout
+    assert r.stderr == "error: unknown platform ''; known platforms: linux/amd64, linux/arm64\n"
+
+
 def test_an_unknown_or_unsupported_platform_is_one_line():
     with pytest.raises(platforms.PlatformError, match=r"^unknown platform 'linux/s390x'; known platforms: "):
         M.platform("xeon6", "linux/s390x")
