@@ -17,6 +17,7 @@ import docker
 from docker.errors import APIError, DockerException, ImageNotFound
 
 from gemma4_images.build import registry
+from gemma4_images.spec.matrix import MatrixError
 from gemma4_images.spec.reference import Reference, recorded_digest
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -70,10 +71,19 @@ def wrong_platform(image, ref: str, platform: str) -> str | None:
 # host then fails fast, or takes the stand-in, instead of waiting on a registry it cannot reach; the
 # test suite sets it, so nothing it builds sends traffic off the machine.
 OFFLINE = "GEMMA4_OFFLINE"
+OFFLINE_ON, OFFLINE_OFF = ("1", "true", "yes"), ("0", "false", "no", "")
 
 
 def offline() -> bool:
-    return os.environ.get(OFFLINE, "").strip().lower() in ("1", "true", "yes")
+    """Whether GEMMA4_OFFLINE is on; any value but those two sets is one line (MatrixError, exit 2):
+    a misspelt `on` taken for off would send an air-gapped host's build to a registry after all."""
+    value = os.environ.get(OFFLINE, "").strip().lower()
+    if value not in OFFLINE_ON + OFFLINE_OFF:
+        raise MatrixError(
+            f"{OFFLINE}={os.environ[OFFLINE]!r} is neither on ({', '.join(OFFLINE_ON)}) nor off "
+            f"({', '.join(OFFLINE_OFF[:-1])} or empty); set one of those"
+        )
+    return value in OFFLINE_ON
 
 
 def pull(client, ref: str, platform: str | None = None) -> str | None:

@@ -38,6 +38,19 @@ def test_what_turns_it_on(monkeypatch, value, off):
     assert docker_build.offline() is off
 
 
+@pytest.mark.parametrize("value", ["on", "2", "offline", "y"])
+def test_any_other_value_is_refused_in_one_line_before_a_registry_is_asked(monkeypatch, value):
+    # Silently online would send an air-gapped host's build to docker.io after all.
+    monkeypatch.setenv(docker_build.OFFLINE, value)
+    engine = FakeEngine()
+    with pytest.raises(matrix.MatrixError) as e:
+        docker_build.pull(engine, "vllm/vllm-openai-cpu:v0.30.0-x86_64")
+    assert str(e.value) == (
+        f"GEMMA4_OFFLINE={value!r} is neither on (1, true, yes) nor off (0, false, no or empty); set one of those"
+    )
+    assert engine.images.pulled == []
+
+
 @pytest.mark.parametrize(
     "ref, asked",
     [
