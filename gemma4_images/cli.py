@@ -29,10 +29,12 @@ from gemma4_images.build.docker_build import (
 from gemma4_images.build.localbase import LocalBaseError
 from gemma4_images.build.tokenizer_copy import TokenizerError
 from gemma4_images.check import image_contents, running
+from gemma4_images.generate import k8s as k8s_mod
 from gemma4_images.generate import render
 from gemma4_images.publish import model_image, publish, reports, sbom, signing
 from gemma4_images.spec import matrix as matrix_mod
 from gemma4_images.spec import platforms, upstream
+from gemma4_images.spec.image_code import gemma4_serve
 from gemma4_images.spec.matrix import MatrixError
 from gemma4_images.spec.reference import BadReference, Reference, check_registry_spec
 
@@ -191,26 +193,39 @@ def parse_build_args(pairs) -> dict[str, str]:
     return out
 
 
-def reference(ctx, param, value):
-    """click callback: an image reference the engine will take, or one line and exit 2 (before the
-    engine answers with a traceback)."""
-    if value is None:
-        return None
-    what = param.opts[0] if param.opts[0].startswith("-") else param.name.upper()
-    try:
-        Reference.parse(value, what)
-    except BadReference as e:
-        fail(str(e), 2)
+def checked(check, *args):
+    """A click callback: check(value, option, *args) on a value given, the option's own checker
+    (an argument is named in capitals); its refusal is one line and exit 2, before the command does
+    anything (an engine or a cluster would answer later, less clearly)."""
+
+    def callback(ctx, param, value):
+        if value is None:
+            return None
+        what = param.opts[0] if param.opts[0].startswith("-") else param.name.upper()
+        try:
+            check(value, what, *args)
+        except (MatrixError, BadReference, model_image.ModelImageError) as e:
+            fail(str(e), 2)
+        return value
+
+    return callback
+
+
+def whole_number(value: int, option: str, allowed: range, why: str) -> int:
+    """value when allowed holds it, else one line naming the option, the range and why."""
+    if value not in allowed:
+        raise MatrixError(f"{option} {value}: give {allowed[0]} to {allowed[-1]} ({why})")
     return value
 
 
-def registry_spec(ctx, param, value):
-    if value is None:
-        return None
-    try:
-        return check_registry_spec(value)
-    except BadReference as e:
-        fail(str(e), 2)
+reference = checked(Reference.parse)  # an image reference the engine will take
+registry_spec = checked(check_registry_spec)  # HOST[:PORT][/NAMESPACE], as push takes it
+
+
+def object_name(option: str, help: str, default: str | None = None, metavar: str | None = None):
+    """An option naming a Kubernetes object (a claim, a Secret) the manifests refer to, checked."""
+    named = {"default": default, "show_default": bool(default), "metavar": metavar}
+    return click.option(option, **named, callback=checked(k8s_mod.object_name), help=help)
 
 
 @click.group(cls=Cli, context_settings={"help_option_names": ["-h", "--help"]})
@@ -478,7 +493,12 @@ def tag_cmd(target, tiny, platform):
     "--node-rank", type=int, help="multi_node_tp: this node's rank (0 serves the API, the others run headless)."
 )
 @click.option("--master-addr", help="multi_node_tp: the address node 0 is reached at.")
-@click.option("--master-port", type=int, help="multi_node_tp: node 0's rendezvous port (default 29501).")
+@click.option(
+    "--master-port",
+    type=int,
+    callback=checked(whole_number, gemma4_serve.PORTS, "a TCP port"),
+    help=f"multi_node_tp: node 0's rendezvous port (default {gemma4_serve.DEFAULT_MASTER_PORT}).",
+)
 @click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED)
 @VLLM
 def run(target, image, print_only, env, strategy, nodes, node_rank, master_addr, master_port, vllm_args):
@@ -720,18 +740,27 @@ def verify(ref, key, policy, signatures, dest, attachments_dir, require_attachme
 
 @cli.command()
 @click.argument("target", type=TARGET)
-@click.option("--replicas", default=1, show_default=True)
+@click.option(
+    "--replicas",
+    default=1,
+    show_default=True,
+    callback=checked(whole_number, k8s_mod.REPLICAS, "a Deployment's replicas is an int32"),
+)
 @click.option("--image", callback=reference, help="Image reference (default: the last pushed digest, else the tag).")
-@click.option("--pvc", default="gemma4-e2b-hf-cache", show_default=True, help="Claim for the HF cache.")
+@object_name("--pvc", "Claim for the HF cache.", default="gemma4-e2b-hf-cache")
 @click.option("--no-pvc", is_flag=True, help="Keep the HF cache in an emptyDir instead.")
-@click.option("--secret", default="hf-token", show_default=True, help="Secret holding HF_TOKEN.")
+@object_name("--secret", "Secret holding HF_TOKEN.", default="hf-token")
 @click.option(
     "--model-image",
     callback=reference,
     metavar="REF",
     help="Serve the model from this `model-image` image (an image volume) instead of the hub and its cache.",
 )
-@click.option("--model-name", help="Its folder under /models (default: the last part of its repository).")
+@click.option(
+    "--model-name",
+    callback=checked(model_image.check_name),
+    help="Its folder under /models (default: the last part of its repository).",
+)
 @STRATEGY
 @NODES
 @click.option(
@@ -739,11 +768,16 @@ def verify(ref, key, policy, signatures, dest, attachments_dir, require_attachme
     metavar="MIN:MAX",
     help="Also a KEDA ScaledObject: MIN to MAX replicas on vLLM's waiting requests (and a PodDisruptionBudget).",
 )
-@click.option("--prometheus", metavar="URL", help="Where KEDA queries Prometheus (default: the Prometheus Operator's).")
 @click.option(
+    "--prometheus",
+    metavar="URL",
+    callback=checked(k8s_mod.server_url),
+    help="Where KEDA queries Prometheus (default: the Prometheus Operator's).",
+)
+@object_name(
     "--compile-cache-pvc",
+    "Keep vLLM's compile caches on this claim, so every pod after the first starts warm (default: per pod).",
     metavar="CLAIM",
-    help="Keep vLLM's compile caches on this claim, so every pod after the first starts warm (default: per pod).",
 )
 @VLLM
 def k8s(
@@ -762,8 +796,6 @@ def k8s(
     compile_cache_pvc,
 ):
     """Print a Kubernetes Deployment (or LeaderWorkerSet, multi_node_tp) + Service for TARGET."""
-    from gemma4_images.generate import k8s as k8s_mod
-
     m, name = load(target), target
     running.check_strategy(m, name, strategy, nodes)
     bounds = None
@@ -776,6 +808,7 @@ def k8s(
             fail(f"--autoscale {autoscale}: MIN must be 1 or more (a replica takes minutes to start)", 2)
         if bounds[0] > bounds[1]:
             fail(f"--autoscale {autoscale}: MIN is more than MAX; give MIN <= MAX", 2)
+        whole_number(bounds[1], "--autoscale MAX", k8s_mod.REPLICAS, "KEDA's maxReplicaCount is an int32")
     if model_name and not model_image:
         fail("--model-name names the folder of a --model-image; give the image too", 2)
     if model_image and not model_name:
@@ -1005,7 +1038,11 @@ def bump(names, version, drops, accepts, check):
 
 @cli.command("model-image")
 @click.argument("source")
-@click.option("--name", help="Folder under /models and image name (default: from SOURCE).")
+@click.option(
+    "--name",
+    callback=checked(model_image.check_name),
+    help="Folder under /models and image name (default: from SOURCE).",
+)
 @click.option("--revision", help="Hub branch, tag or commit to download (hub ids only; default main).")
 @click.option(
     "--tag", "image_tag", callback=reference, help="Local image reference (default gemma4-e2b-models/NAME:REVISION)."

@@ -200,6 +200,8 @@ USAGE_STATS_VARS = ("VLLM_NO_USAGE_STATS", "VLLM_DO_NOT_TRACK", "DO_NOT_TRACK")
 
 
 DEFAULT_MASTER_PORT = "29501"
+# A TCP port is 16 bits and port 0 is reserved (RFC 9293 3.1; IANA's registry): 1-65535.
+PORTS = range(1, 65536)
 
 
 def strategy_args(recipe: dict, env: dict, model: str) -> list[str]:
@@ -234,6 +236,10 @@ def strategy_args(recipe: dict, env: dict, model: str) -> list[str]:
     if not addr:
         raise UsageError("multi_node_tp needs GEMMA4_MASTER_ADDR, the address of node 0 (or LWS_LEADER_ADDRESS)")
     port = env.get("GEMMA4_MASTER_PORT") or DEFAULT_MASTER_PORT
+    if not (port.isdigit() and int(port) in PORTS):  # else vLLM fails a minute later, in tracebacks
+        raise UsageError(
+            f"GEMMA4_MASTER_PORT={port!r} is not a port: give {PORTS[0]} to {PORTS[-1]} (default {DEFAULT_MASTER_PORT})"
+        )
     tp = int(flag_value(recipe["args"], "--tensor-parallel-size") or 1) * nodes
     heads = attention_heads(model)
     if heads and heads % tp:

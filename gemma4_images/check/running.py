@@ -141,7 +141,7 @@ def strategy_env(
         "GEMMA4_NODE_RANK": str(rank),
         "GEMMA4_MASTER_ADDR": master_addr,
     }
-    return env | ({"GEMMA4_MASTER_PORT": str(master_port)} if master_port else {})
+    return env | ({"GEMMA4_MASTER_PORT": str(master_port)} if master_port is not None else {})
 
 
 def run_line(*a, **kw) -> str:

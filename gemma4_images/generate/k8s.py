@@ -6,12 +6,14 @@ from __future__ import annotations
 import math
 import re
 import textwrap
+from urllib.parse import urlsplit
 
 import yaml
 
 from gemma4_images.spec import measured as measured_figures
 from gemma4_images.spec import platforms
-from gemma4_images.spec.matrix import Matrix, model_path
+from gemma4_images.spec.image_code import gemma4_serve
+from gemma4_images.spec.matrix import Matrix, MatrixError, model_path
 from gemma4_images.spec.reference import Reference
 
 # Not /root/.cache/huggingface as in `docker run`: /root is 0700 in the images, so a non-root pod
@@ -48,6 +50,42 @@ GRACE_WHY = (
     "and exits 0: measured 1-3 s on the CPU tier during traffic, not yet on accelerators; raise it "
     "above --shutdown-timeout if you pass one"
 )
+
+
+# -- what a cluster accepts, checked before anything is printed -------------------------------------
+
+# Deployment and LeaderWorkerSet spec.replicas and KEDA's min/maxReplicaCount are int32s (the API
+# reference; the KEDA CRD schema in tests/data/crds/: format int32, minimum 0).
+REPLICAS = range(0, 2**31)
+# PVC and Secret names are DNS-1123 subdomains (kubernetes.io/docs/concepts/overview/working-with-objects/names).
+DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+DNS_SUBDOMAIN_MAX = 253
+
+
+def object_name(name: str, option: str) -> str:
+    """name when a PersistentVolumeClaim or Secret may carry it, else one line."""
+    if len(name) > DNS_SUBDOMAIN_MAX or not DNS_SUBDOMAIN.fullmatch(name):
+        raise MatrixError(
+            f"{option} {name!r} is not a Kubernetes object name (a DNS-1123 subdomain): at most "
+            f"{DNS_SUBDOMAIN_MAX} lowercase letters, digits, '-' and '.', a letter or digit at each end"
+        )
+    return name
+
+
+def server_url(url: str, option: str) -> str:
+    """url when KEDA's Prometheus scaler can query it: http(s)://HOST[:PORT][/PATH], as its
+    serverAddress is given (keda.sh/docs, scalers/prometheus: `http://<prometheus-host>:9090`)."""
+    parts = urlsplit(url)
+    try:
+        port_ok = parts.port is None or parts.port in gemma4_serve.PORTS
+    except ValueError:  # urlsplit's answer for a port it cannot read (beyond 65535, not a number)
+        port_ok = False
+    if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
+        raise MatrixError(
+            f"{option} {url!r} is not an http(s) URL of a Prometheus server; give http(s)://HOST[:PORT][/PATH] "
+            f"(default {PROMETHEUS})"
+        )
+    return url
 
 
 class _Dumper(yaml.SafeDumper):

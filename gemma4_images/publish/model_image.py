@@ -61,10 +61,12 @@ class ModelImage:
         return model_path(self.name)
 
 
-def check_name(name: str) -> str:
+def check_name(name: str, option: str = "--name") -> str:
+    """name when it can be the model's folder under /models (a pod's subPath too: no `..`, no `/`)
+    and an image name, else one line naming option."""
     if not NAME.fullmatch(name or ""):
         raise ModelImageError(
-            f"--name {name!r} is not usable as a folder and image name: use lowercase letters, digits "
+            f"{option} {name!r} is not usable as a folder and image name: use lowercase letters, digits "
             "and the separators . _ - (e.g. gemma-4-e2b-it)"
         )
     return name

@@ -463,6 +463,36 @@ def test_bad_autoscale_is_one_line_and_prints_no_manifest(value, says):
     assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1 and says in r.stderr
 
 
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--replicas", "-1"], "--replicas -1: give 0 to 2147483647"),
+        (["--replicas", "2147483648"], "--replicas 2147483648: give 0 to 2147483647"),
+        (["--autoscale", "1:99999999999"], "--autoscale MAX 99999999999: give 0 to 2147483647"),
+        (["--pvc", "HF_Cache"], "--pvc 'HF_Cache' is not a Kubernetes object name"),
+        (["--secret", "hf-token."], "--secret 'hf-token.' is not a Kubernetes object name"),
+        (["--secret", "a" * 254], f"--secret '{'a' * 254}' is not a Kubernetes object name"),
+        (["--compile-cache-pvc", "cache claim"], "--compile-cache-pvc 'cache claim' is not a Kubernetes object name"),
+        (
+            ["--model-image", "127.0.0.1:5000/models/tiny:1", "--model-name", "../etc"],
+            "--model-name '../etc' is not usable as a folder",
+        ),
+        (["--prometheus", "prometheus:9090"], "--prometheus 'prometheus:9090' is not an http(s) URL"),
+        (["--prometheus", "http://:9090"], "--prometheus 'http://:9090' is not an http(s) URL"),
+        (["--prometheus", "http://p:99999"], "--prometheus 'http://p:99999' is not an http(s) URL"),
+    ],
+)
+def test_values_a_cluster_would_reject_are_one_line_and_print_no_manifest(args, says):
+    r = build_py("k8s", "cpu", *args)
+    assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(f"error: {says}"), r.stderr
+
+
+def test_the_largest_values_a_cluster_takes_still_render():
+    args = ["--autoscale", f"1:{2**31 - 1}", "--pvc", "a" * 253, "--prometheus", "https://p.example:9443/prom"]
+    assert build_py("k8s", "cpu", *args).returncode == 0
+
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_the_prestop_delay_leaves_vllm_its_shutdown_within_the_grace_period(target):
     spec = pod(target)

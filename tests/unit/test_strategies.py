@@ -54,6 +54,9 @@ def test_a_leaderworkerset_pods_own_variables_are_the_defaults():
             {"GEMMA4_STRATEGY": "multi_node_tp", "GEMMA4_NODES": "2", "GEMMA4_NODE_RANK": "0"},
             "needs GEMMA4_MASTER_ADDR",
         ),
+        ({**NODE, "GEMMA4_NODE_RANK": "0", "GEMMA4_MASTER_PORT": "99999"}, "GEMMA4_MASTER_PORT='99999' is not a port"),
+        ({**NODE, "GEMMA4_NODE_RANK": "0", "GEMMA4_MASTER_PORT": "0"}, "GEMMA4_MASTER_PORT='0' is not a port"),
+        ({**NODE, "GEMMA4_NODE_RANK": "0", "GEMMA4_MASTER_PORT": "-1"}, "GEMMA4_MASTER_PORT='-1' is not a port"),
     ],
 )
 def test_bad_strategy_input_is_one_usage_error(env, says):
@@ -87,6 +90,9 @@ def test_a_node_runs_on_the_hosts_network_without_its_ipc_namespace():
     assert "--ipc=host" in running.run_line(M, "xeon6", None, {})  # the recipe's own, one node
 
 
+NODE_0 = ["--strategy", "multi_node_tp", "--nodes", "2", "--node-rank", "0", "--master-addr", "a"]
+
+
 @pytest.mark.parametrize(
     "args, says",
     [
@@ -100,6 +106,8 @@ def test_a_node_runs_on_the_hosts_network_without_its_ipc_namespace():
         ),
         (["--strategy", "multi_node_tp", "--nodes", "2", "--node-rank", "0"], "multi_node_tp needs --master-addr"),
         (["--strategy", "ring"], "--strategy 'ring' is not a strategy"),
+        ([*NODE_0, "--master-port", "0"], "--master-port 0: give 1 to 65535 (a TCP port)"),
+        ([*NODE_0, "--master-port", "99999"], "--master-port 99999: give 1 to 65535 (a TCP port)"),
         (["--nodes", "2"], "--nodes, --node-rank and --master-addr are for --strategy multi_node_tp"),
     ],
 )
