@@ -614,6 +614,28 @@ def test_without_pod_figures_k8s_says_to_run_the_bench(tmp_path, monkeypatch, co
         k8s.render_k8s(M, "xeon6")
 
 
+@pytest.mark.parametrize(
+    "memory, says",
+    [
+        ({"server": 2**31, "per_kv_gib": True}, "pod.memory.per_kv_gib is true, not a number of bytes"),
+        ({"server": True, "per_kv_gib": 2**30}, "pod.memory.server is true, not a number of bytes"),
+        ({"server": 1e30, "per_kv_gib": 2**30}, "pod.memory.server is 1e+30 bytes: give"),
+        ({"server": float("nan"), "per_kv_gib": 2**30}, "pod.memory.server is nan bytes: give"),
+        ({"server": 2**31, "per_kv_gib": float("inf")}, "pod.memory.per_kv_gib is inf bytes: give"),
+        ({"server": -1, "per_kv_gib": 2**30}, "pod.memory.server is -1 bytes: give"),
+        ({"server": 2**31, "per_kv_gib": 2**29}, "pod.memory.per_kv_gib is 536870912 bytes: give"),
+    ],
+)
+def test_absurd_pod_figures_are_one_line_naming_the_file_and_the_field(tmp_path, monkeypatch, memory, says):
+    results = tmp_path / "benchmarks.json"
+    results.write_text(json.dumps({"pod": {"memory": memory}}))
+    monkeypatch.setattr(spec_measured, "RESULTS", results)
+    with pytest.raises(matrix.MatrixError) as e:
+        k8s.render_k8s(M, "xeon6")
+    assert str(e.value).startswith(f"{results}: {says}") and "\n" not in str(e.value)
+    assert "make bench" in str(e.value)
+
+
 def test_the_deployment_page_quotes_the_figures_benchmarks_json_and_the_manifests_hold():
     # docs/kubernetes.md copies what `make bench` measured and what k8s renders from it: a new bench
     # run that moves a figure makes this fail until the page says the same.
