@@ -645,13 +645,18 @@ def _releases(own: str, releases_dir: Path) -> list[str]:
 RELEASE_KEYS = {"release", "project", "audio_extras", "upstream_files", "standins", "targets"}
 
 
-def release_overlay(raw: dict, rel: dict, where: str) -> dict:
-    """targets.yaml's data (raw) as it stands at the release rel describes."""
+def release_overlay(raw: dict, rel: dict, where: str, version: str) -> dict:
+    """targets.yaml's data (raw) as it stands at the release rel describes, read from where, the
+    file of vLLM version: it must carry what differs at that release, never inherit it."""
     unknown = sorted(set(rel) - RELEASE_KEYS)
     if unknown:
         raise MatrixError(
             f"{where}: unknown key(s) {', '.join(unknown)}; a release file has {', '.join(sorted(RELEASE_KEYS))}"
         )
+    given = (rel.get("project") or {}).get("vllm_version")
+    if given is None or str(given) != version:  # it names the tags: another would tag another release's images
+        said = "missing" if given is None else repr(str(given))
+        raise MatrixError(f"{where}: project.vllm_version is {said}, not {version} (the release its file name says)")
     out = {**raw, "project": {**raw["project"], **rel.get("project", {})}}
     for key in ("audio_extras", "upstream_files"):
         if key in rel:
@@ -665,15 +670,23 @@ def release_overlay(raw: dict, rel: dict, where: str) -> dict:
     for name, fields in rel.get("targets", {}).items():
         if name not in raw["targets"]:
             raise MatrixError(f"{where}: targets.{name} is not a target of targets.yaml")
+        own = raw["targets"][name]["base"]
+        base = (fields or {}).get("base") or {}
+        images = {"": base} | {
+            f".platforms.{p}": base.get("platforms", {}).get(p, {}) for p in own.get("platforms", {})
+        }
+        gap = next((at for at, image in images.items() if "image" not in image), None)
+        if gap is not None:  # else the release's tag would be built on targets.yaml's base
+            raise MatrixError(
+                f"{where}: targets.{name}.base{gap}.image is missing: a target this release builds needs its base "
+                f"at vLLM {version} on each of its platforms (as `build.py bump` writes it)"
+            )
+        # A base's keys, and each of its platforms' keys, replace their own.
+        platforms_ = {
+            p: {**own.get("platforms", {}).get(p, {}), **image} for p, image in base.get("platforms", {}).items()
+        }
         targets[name] = {**raw["targets"][name], **fields}
-        if "base" in fields:  # a base's keys, and each of its platforms' keys, replace their own
-            own = raw["targets"][name]["base"]
-            platforms_ = {
-                p: {**own.get("platforms", {}).get(p, {}), **image}
-                for p, image in fields["base"].get("platforms", {}).items()
-            }
-            targets[name]["base"] = {**own, **fields["base"], "platforms": {**own.get("platforms", {}), **platforms_}}
-    version = out["project"]["vllm_version"]
+        targets[name]["base"] = {**own, **base, "platforms": {**own.get("platforms", {}), **platforms_}}
     missing = {}
     for name, t in raw["targets"].items():
         if name not in targets:
@@ -709,7 +722,7 @@ def load(path: Path = TARGETS_FILE, vllm: str | None = None, releases_dir: Path 
                 f"no vLLM {vllm} release here (known: {known}); "
                 f"add one with `python build.py bump FAMILY --vllm {vllm}`"
             )
-        raw = release_overlay(raw, _read(rel_path, "the release's facts"), rel_path)
+        raw = release_overlay(raw, _read(rel_path, "the release's facts"), rel_path, vllm)
         where = rel_path
     try:
         m = Matrix.model_validate(raw)

@@ -72,13 +72,23 @@ def test_releases_and_views_are_in_release_order():
     assert sorted(["0.10.0", "0.9.1", "0.30.0"], key=matrix.version_key) == ["0.9.1", "0.10.0", "0.30.0"]
 
 
+# A release file's own base for xeon6, as `build.py bump` writes it.
+ARM64_099 = {"linux/arm64": {"image": "vllm/vllm-openai-cpu:v0.99.0-arm64", "digest": None}}
+XEON6_099 = {
+    "xeon6": {"base": {"image": "vllm/vllm-openai-cpu:v0.99.0-x86_64", "digest": None, "platforms": ARM64_099}}
+}
+
+
 @pytest.mark.parametrize(
     "release, says",
     [
         ({"targets": {"nosuch": {}}}, "targets.nosuch is not a target of targets.yaml"),
         ({"standins": {"nosuch": {}}}, "standins.nosuch is not a stand-in of targets.yaml"),
         ({"vllm_version": "0.99.0"}, "unknown key(s) vllm_version; a release file has"),
-        ({"targets": {"xeon6": {"fixes": {"profile": "vllm-0.99.0"}}}}, "no profile 'vllm-0.99.0'"),
+        (
+            {"targets": {"xeon6": {**XEON6_099["xeon6"], "fixes": {"profile": "vllm-0.99.0"}}}},
+            "no profile 'vllm-0.99.0'",
+        ),
     ],
 )
 def test_a_malformed_release_file_is_named(tmp_path, release, says):
@@ -86,6 +96,37 @@ def test_a_malformed_release_file_is_named(tmp_path, release, says):
     with pytest.raises(MatrixError, match="vllm-0.99.0.yaml") as e:
         matrix.load(vllm="0.99.0", releases_dir=tmp_path)
     assert says in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "release, says",
+    [
+        # Without its own base a target would build the 0.99.0 tag on targets.yaml's 0.30.0 base.
+        (
+            {"project": {"vllm_version": "0.99.0"}, "targets": {"xeon6": {"fixes": {"profile": "vllm-0.32.0"}}}},
+            "targets.xeon6.base.image is missing: a target this release builds needs its base at vLLM 0.99.0",
+        ),
+        (
+            {
+                "project": {"vllm_version": "0.99.0"},
+                "targets": {"xeon6": {"base": {"image": "x:0.99.0", "digest": None}}},
+            },
+            "targets.xeon6.base.platforms.linux/arm64.image is missing: a target this release builds needs its base",
+        ),
+        # The version names the tag: one that contradicts the file name would tag another release's images.
+        (
+            {"project": {"vllm_version": "0.98.0"}, "targets": XEON6_099},
+            "project.vllm_version is '0.98.0', not 0.99.0 (the release its file name says)",
+        ),
+        ({"targets": XEON6_099}, "project.vllm_version is missing, not 0.99.0 (the release its file name says)"),
+    ],
+)
+def test_a_release_file_carries_its_own_version_and_each_targets_base(tmp_path, release, says):
+    path = tmp_path / "vllm-0.99.0.yaml"
+    path.write_text(yaml.safe_dump(release))
+    with pytest.raises(MatrixError) as e:
+        matrix.load(vllm="0.99.0", releases_dir=tmp_path)
+    assert str(e.value).startswith(f"{path}: {says}") and "\n" not in str(e.value)
 
 
 def test_a_targets_own_release_must_exist(tmp_path):
