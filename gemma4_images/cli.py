@@ -87,6 +87,13 @@ def other_platform(m, name: str, platform: str | None, emulate: bool = True) -> 
     return None if p.name == platforms.DEFAULT else p.name
 
 
+def no_local_image(image: str, name: str, tiny: bool = False, platform: str | None = None) -> str:
+    """The line for a target's image that is not here: the exact build command that makes it."""
+    vllm = click.get_current_context().meta.get("vllm")
+    how = f"{name}{' --tiny' if tiny else ''}{platforms.parse(platform).option}{f' --vllm {vllm}' if vllm else ''}"
+    return f"no local image {image}; build it first (`python build.py build {how}`)"
+
+
 def fail(message: str, code: int = 1):
     click.echo(f"error: {message}", err=True)
     sys.exit(code)
@@ -512,6 +519,13 @@ def run(target, image, print_only, env, strategy, nodes, node_rank, master_addr,
     if print_only:
         click.echo(line)
         return
+    ref = image or m.tag(target)
+    if not running.cli_has_image(ref):  # `docker run` would ask a registry for it, even offline
+        if image:
+            fail(f"no local image {image}; pull or build it first (`build.py run` asks no registry)")
+        tiny = m.tiny_tag(target)
+        made = f": only {tiny} is here, the tiny test model's image that `smoke --tiny` serves"
+        fail(no_local_image(ref, target) + (made if running.cli_has_image(tiny) else ""))
     args = [os.path.expandvars(a) for a in running.run_args(m, target, image, env_map, list(vllm_args))]
     log(line)
     child = None
@@ -575,8 +589,7 @@ def smoke(target, image, model, tiny, report, platform):
     image = image or (m.tiny_tag(name, platform) if tiny else m.tag(name, platform))
     found = local_image(client, image)
     if found is None:
-        how = f"{name}{' --tiny' if tiny else ''}{platforms.parse(platform).option}"
-        fail(f"no local image {image}; build it first (`python build.py build {how}`)")
+        fail(no_local_image(image, name, tiny, platform))
     # The report is filed under the platform asked for, which push then trusts for that platform.
     wrong = wrong_platform(found, image, platforms.parse(platform).name)
     if wrong:

@@ -6,7 +6,9 @@ import glob
 import os
 import re
 import shlex
+import subprocess
 
+from gemma4_images.build.docker_build import DockerUnavailable
 from gemma4_images.spec.matrix import Matrix, MatrixError, Present, Run
 
 HF_CACHE = "/root/.cache/huggingface"
@@ -87,6 +89,20 @@ def run_args(
     for key, value in (env or {}).items():
         args += ["-e", f"{key}={value}"]
     return args + [image or matrix.tag(name), *(extra or [])]
+
+
+def cli_has_image(ref: str) -> bool:
+    """Whether the engine `docker run` talks to holds ref, asked through the same docker CLI (its
+    DOCKER_HOST and context), never a registry; one line (DockerUnavailable) when it cannot say."""
+    try:
+        r = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", ref], capture_output=True, text=True)
+    except FileNotFoundError:
+        raise DockerUnavailable("no docker CLI on PATH: `build.py run` runs `docker run`; install docker.io") from None
+    if r.returncode == 0:
+        return True
+    if "no such image" in r.stderr.lower():
+        return False
+    raise DockerUnavailable(f"docker image inspect {ref} failed: {(r.stderr.strip().splitlines() or ['no reason'])[0]}")
 
 
 def node_run(run: Run) -> Run:

@@ -104,6 +104,7 @@ def test_run_print_has_the_family_device_flags(target, flags):
 # A STAND-IN for the docker CLI, which passes the signals it gets to its container (--sig-proxy):
 # it says it started, then records the one signal it gets. What is under test is build.py's part.
 DOCKER_STANDIN = """#!/bin/sh
+[ "$1" = image ] && exit 0  # `docker image inspect`: the image is here
 for s in TERM HUP INT; do trap "echo $s > '{got}'; exit 0" $s; done
 echo up > '{up}'
 while :; do sleep 0.1; done
@@ -132,6 +133,39 @@ def test_run_passes_a_stop_signal_on_to_docker_run(tmp_path, signum):
     assert proc.wait(timeout=30) == 128 + signum
     assert got.read_text().strip() == signal.Signals(signum).name.removeprefix("SIG")
     assert f"stopped by {signal.Signals(signum).name}" in proc.stderr.read().decode()
+
+
+# A STAND-IN for the docker CLI whose engine holds only the -tiny images, as right after `make
+# quickstart`; it records every command it is asked and answers `docker run` as docker does when it
+# would pull (exit 125).
+DOCKER_ONLY_TINY = """#!/bin/sh
+echo "$*" >> '{calls}'
+if [ "$1" = image ]; then
+    case "$*" in *-tiny) echo sha256:1; exit 0;; esac
+    echo "Error response from daemon: No such image: $5" >&2; exit 1
+fi
+echo "docker: Error response from daemon: pull access denied for gemma4-e2b" >&2; exit 125
+"""
+
+
+@pytest.mark.parametrize(
+    "args, tag, build",
+    [
+        ([], "gemma4-e2b:xeon6-v0.30.0", "python build.py build xeon6"),
+        (["--vllm", "0.32.0"], "gemma4-e2b:xeon6-v0.32.0", "python build.py build xeon6 --vllm 0.32.0"),
+    ],
+)
+def test_run_without_the_image_names_the_build_and_asks_no_registry(tmp_path, args, tag, build):
+    calls = tmp_path / "calls"
+    (tmp_path / "docker").write_text(DOCKER_ONLY_TINY.format(calls=calls))
+    (tmp_path / "docker").chmod(0o755)
+    r = cli("run", "cpu", *args, env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr == (
+        f"error: no local image {tag}; build it first (`{build}`): only {tag}-tiny is here, the tiny test "
+        "model's image that `smoke --tiny` serves\n"
+    )
+    assert not [c for c in calls.read_text().splitlines() if c.startswith("run")]  # no `docker run`, no pull
 
 
 def test_build_dry_run_names_dockerfile_args_and_tag():
