@@ -73,8 +73,14 @@ def check_name(name: str, option: str = "--name") -> str:
 
 
 def default_name(source: str) -> str:
-    """The folder's or the hub repository's last part, in the characters an image name allows."""
-    last = Path(source.rstrip("/")).name if not HUB_ID.fullmatch(source) else source.split("/")[-1]
+    """The hub repository's last part, for a hub id or a folder of the hub client's cache (then
+    followed by the path inside the snapshot, for a model in a subfolder of one), else the folder's
+    last part; in the characters an image name allows."""
+    snapshot = hub_snapshot_of(Path(source)) if Path(source).exists() else None
+    if snapshot:
+        last = "-".join([snapshot[1].split("/")[-1], *snapshot[2].parts])
+    else:
+        last = Path(source.rstrip("/")).name if not HUB_ID.fullmatch(source) else source.split("/")[-1]
     name = re.sub(r"[^a-z0-9]+", "-", last.lower()).strip("-")
     if not name:
         raise ModelImageError(f"cannot make an image name from {source!r}; pass --name")
@@ -91,15 +97,30 @@ def tag_for(revision: str) -> str:
 # -- the files ---------------------------------------------------------------------------------
 
 
+# The hub client's cache folder of a model repository: models--ORG--NAME (huggingface_hub's
+# repo_folder_name; a repository id holds no "--", validate_repo_id refuses it, so the name splits back).
+HUB_CACHE_PREFIX, HUB_CACHE_SEP = "models--", "--"
+
+
+def hub_snapshot_of(folder: Path) -> tuple[Path, str, Path] | None:
+    """For a folder in a snapshot of the hub client's cache (.../models--ORG--NAME/snapshots/
+    <commit>, or a subfolder of it): (that repository's cache folder, ORG/NAME, the folder's path
+    inside the snapshot); else None."""
+    real = Path(os.path.realpath(folder))
+    for snapshot in [real, *real.parents]:
+        repo = snapshot.parent.parent
+        if snapshot.parent.name == "snapshots" and repo.name.startswith(HUB_CACHE_PREFIX) and (repo / "blobs").is_dir():
+            repo_id = repo.name.removeprefix(HUB_CACHE_PREFIX).replace(HUB_CACHE_SEP, "/")
+            return repo, repo_id, real.relative_to(snapshot)
+    return None
+
+
 def link_root(folder: Path) -> Path:
     """Where links inside folder may point: the folder itself, or, for a snapshot of the hub
-    client's cache (.../models--OWNER--NAME/snapshots/<commit>, whose files are links into
-    ../../blobs), that repository's cache folder."""
-    real = Path(os.path.realpath(folder))
-    repo = real.parent.parent
-    if real.parent.name == "snapshots" and repo.name.startswith("models--") and (repo / "blobs").is_dir():
-        return repo
-    return real
+    client's cache or a subfolder of one (whose files are links into the repository's blobs/),
+    that repository's cache folder."""
+    snapshot = hub_snapshot_of(folder)
+    return snapshot[0] if snapshot else Path(os.path.realpath(folder))
 
 
 MAX_HOPS = 40  # the kernel's own limit on links in one lookup (path_resolution(7))

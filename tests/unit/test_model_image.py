@@ -162,6 +162,28 @@ def test_the_hub_cache_links_into_its_blobs_are_followed(tmp_path):
         assert tar.extractfile("models/tiny/sub/tokenizer.json").read() == b"t"
 
 
+def test_a_model_in_a_subfolder_of_a_hub_snapshot_is_packed(tmp_path):
+    # Its files link to ../../../../blobs: inside the repository's cache, as for the snapshot itself.
+    repo, snap = hub_cache(tmp_path)
+    model = snap / "sub" / "model"
+    model.mkdir()
+    blob = next((repo / "blobs").iterdir())
+    (model / "config.json").symlink_to(os.path.relpath(blob, model))
+    assert [p.as_posix() for p in model_image.check_folder(model)] == ["config.json"]
+    out = io.BytesIO()
+    model_image.write_layer(out, model, model_image.check_folder(model), "tiny-sub-model")
+    out.seek(0)
+    with tarfile.open(fileobj=out) as tar:
+        assert tar.extractfile("models/tiny-sub-model/config.json").read() == blob.read_bytes()
+
+
+def test_a_hub_snapshot_is_named_after_its_repository_not_its_commit(tmp_path):
+    _, snap = hub_cache(tmp_path)  # models--google--tiny/snapshots/ccc...
+    assert model_image.default_name(str(snap)) == model_image.default_name("google/tiny") == "tiny"
+    assert model_image.default_name(f"{snap}/") == "tiny"
+    assert model_image.default_name(str(snap / "sub")) == "tiny-sub"  # the repository's, then the path in it
+
+
 def test_a_hub_snapshot_link_out_of_its_repository_cache_is_refused(tmp_path):
     repo, snap = hub_cache(tmp_path)
     (tmp_path / "hub" / "other").mkdir()
