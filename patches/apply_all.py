@@ -22,6 +22,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_MANIFEST = "/etc/gemma4-e2b/fixes.json"
+REQUIRED_FIX_KEYS = ("name", "why", "package", "files", "opt_in", "written_against", "verified", "pre_sha256")
 FIX_KEYS = {
     "name": str,
     "why": str,
@@ -39,8 +40,12 @@ FIX_KEYS = {
     # optional: {profile: PORT_KEYS} for a profile whose files differ from the ones fix.diff was
     # written against; that profile applies ports/<profile>.diff, guarded by the port's pre_sha256
     "ports": dict,
+    # optional, FIXES.md: {profile: what the fix holds there}; {family: why its probe cannot run
+    # on that family's package on a CPU build host} (tests/integration/test_fixes_on_every_package.py)
+    "constrains": dict,
+    "not_executed": dict,
 }
-OPTIONAL_FIX_KEYS = ("tests", "hunks_gaudi_only", "hunk_coverage", "gaudi_checks", "ports")
+OPTIONAL_FIX_KEYS = tuple(k for k in FIX_KEYS if k not in REQUIRED_FIX_KEYS)
 PORT_KEYS = {"written_against": str, "verified": str, "pre_sha256": dict}
 PROFILE_KEYS = {"name": str, "description": str, "requires": dict, "generic": list, "opt_in": list}
 LABELS = {"vllm": "vllm", "vllm_gaudi": "vllm_gaudi", "gaudi_sw": "Gaudi SW"}  # keys of "requires"

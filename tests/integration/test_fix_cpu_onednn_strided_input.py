@@ -9,6 +9,8 @@ onednn_mm with that layout. How the observations are made: tests/fixes_helpers.p
 
 import pytest
 
+from tests import fixes_helpers as fx
+
 pytestmark = pytest.mark.integration
 LAYOUTS = ["transposed_float32", "contiguous_float32", "transposed_bfloat16", "contiguous_bfloat16"]
 
@@ -16,8 +18,8 @@ LAYOUTS = ["transposed_float32", "contiguous_float32", "transposed_bfloat16", "c
 @pytest.fixture(scope="module")
 def obs(fix_observations):
     return {
-        "unpatched": fix_observations.phase("unpatched")["onednn"],
-        "patched": fix_observations.phase("patched")["onednn"],
+        "unpatched": fx.phase(fix_observations, "unpatched")["onednn"],
+        "patched": fx.phase(fix_observations, "patched")["onednn"],
     }
 
 

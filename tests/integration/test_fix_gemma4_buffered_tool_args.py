@@ -24,8 +24,8 @@ ESCAPED = ["escaped_quotes", "escaped_code", "array", "two_calls"]
 @pytest.fixture(scope="module")
 def obs(fix_observations):
     data = {
-        "unpatched": fix_observations.phase("unpatched")["tool_args"],
-        "patched": fix_observations.phase("patched")["tool_args"],
+        "unpatched": fx.phase(fix_observations, "unpatched")["tool_args"],
+        "patched": fx.phase(fix_observations, "patched")["tool_args"],
     }
     for name, value in data.items():
         assert "probe_error" not in value, f"{name}: {value.get('probe_error')}"

@@ -5,10 +5,11 @@ The probe builds the unified parser of ``--tool-call-parser gemma4`` (with and w
 puts the request's structured output through vLLM's own xgrammar validation and backend
 (``XgrammarBackend.compile_grammar``, Gemma's stop tokens) and feeds the compiled
 grammar the token ids of candidate outputs. "accepts" = every token is accepted and the
-request may end there. Three xgrammar setups: the image's 0.2.9 (it has the ``gemma_4``
-builtin and its "gemma" JSON style: arguments follow the tool's schema), the same with the
-builtin hidden (the fix then uses its own Gemma-syntax grammar), and real xgrammar 0.2.1
-(vLLM 0.30.0's floor, without the builtin).
+request may end there. Three xgrammar setups: the package's 0.2.9 (it has the ``gemma_4``
+builtin and its "gemma" JSON style), the same with the builtin hidden, and real xgrammar 0.2.1
+(vLLM 0.30.0's floor, without the builtin); without the style the fix holds the arguments to the
+schema with its own Gemma-syntax grammar, so on every setup a call that breaks the tool's schema
+is refused unless the tool says ``strict: false``.
 How the observations are made: tests/fixes_helpers.py.
 """
 
@@ -31,21 +32,19 @@ def forced(choice, reasoning=""):
 
 
 @pytest.fixture(scope="module")
-def result(cpu_image):
-    """targets.yaml's own release only: these observations are of vLLM 0.30.0 with its xgrammar 0.2.9
-    (the gemma_4 builtin) and 0.2.1. On another release the fix's evidence is the full smoke's
-    tools_forced check (test_smoke_cpu.py runs it on every release of xeon6), which fails without
-    this fix."""
-    release = fx.Release()
-    observed = release.observations()
+def result(fix_package_observations, m):
+    """The CPU package of targets.yaml's own release: vLLM 0.30.0 with its xgrammar 0.2.9 (the
+    gemma_4 builtin) and the floor 0.2.1. Every other package's grammar is held to the same
+    verdict by tests/integration/test_fixes_on_every_package.py (tests/fix_verdicts.py grammar)."""
+    observed = fix_package_observations(f"cpu-{m.project.vllm_version}")
     assert observed["check_rc"] == 0 and observed["apply_rc"] == 0, (
         observed["logs"]["check"] + observed["logs"]["apply"]
     )
-    return release
+    return observed
 
 
 def grammar(result, phase):
-    data = result.phase(phase)["grammar"]
+    data = fx.phase(result, phase)["grammar"]
     assert "probe_error" not in data, data["probe_error"]
     return data
 
@@ -88,10 +87,10 @@ def test_patched_fallback_grammar_without_the_builtin(result, choice):
     check_forced(grammar(result, "patched")[choice + "+no_builtin"], forced(choice), fallback=True)
 
 
-@pytest.mark.parametrize("phase, fallback", [("patched", False), ("patched_xgrammar_0_2_1", True)])
+@pytest.mark.parametrize("phase, fallback", [("patched", False), ("patched_xgrammar_floor", True)])
 @pytest.mark.parametrize("choice", ["required", "named_say"])
 def test_patched_responses_api_request(result, phase, fallback, choice):
-    if result.observations().get(phase) is None:
+    if result.get(phase) is None:
         pytest.skip("xgrammar 0.2.1 could not be downloaded from PyPI")
     unpatched = grammar(result, "unpatched")[choice + "+responses"]
     assert "probe_error" not in unpatched and unpatched["structured_outputs"] is None
@@ -101,9 +100,9 @@ def test_patched_responses_api_request(result, phase, fallback, choice):
 @pytest.mark.parametrize("choice", ["required", "named_say"])
 @pytest.mark.parametrize("reasoning", ["", "+reasoning"])
 def test_patched_on_real_xgrammar_0_2_1(result, choice, reasoning):
-    if result.observations().get("patched_xgrammar_0_2_1") is None:
+    if result.get("patched_xgrammar_floor") is None:
         pytest.skip("xgrammar 0.2.1 could not be downloaded from PyPI")
-    data = grammar(result, "patched_xgrammar_0_2_1")
+    data = grammar(result, "patched_xgrammar_floor")
     assert data["builtin_gemma_4"] is False
     check_forced(data[choice + reasoning], forced(choice, reasoning), fallback=True)
 
@@ -139,11 +138,33 @@ def test_markers_are_bound_to_their_special_tokens(result):
     entry = grammar(result, "patched")["required"]
     assert entry["parsed"]["say_call_subword"] == ["say"]
     assert entry["streamed"]["say_call_subword"] == []
-    for phase in ("patched", "patched_xgrammar_0_2_1"):
-        if result.observations().get(phase) is not None:
+    for phase in ("patched", "patched_xgrammar_floor"):
+        if result.get(phase) is not None:
             for key in ("required", "named_say", "required+reasoning"):
                 assert grammar(result, phase)[key]["accepts"]["say_call_subword"] is False, (phase, key)
 
 
 def test_parallel_tool_calls_false_allows_one_call(result):
     check_forced(grammar(result, "patched")["required+single"], ANY_TOOL - {"two_calls"}, fallback=False)
+
+
+def test_patched_schema_is_held_unless_the_tool_says_strict_false(result):
+    """vLLM 0.30.0's rule (get_function_parameters): arguments follow the schema unless strict is
+    false; an unknown key, a missing required key and a string for an integer are refused, on every
+    xgrammar setup."""
+    data = grammar(result, "patched")
+    for key in ("required", "required+strict", "required+no_builtin"):
+        assert not any(data[key]["accepts"][n] for n in fx.SCHEMA_BREAKS), key
+    assert all(data["required+strict_false"]["accepts"][n] for n in fx.SCHEMA_BREAKS)
+    floor = result.get("patched_xgrammar_floor")
+    if floor is not None:
+        assert not any(floor["grammar"]["required"]["accepts"][n] for n in fx.SCHEMA_BREAKS)
+
+
+def test_patched_reasoning_effort_turns_thinking_on_as_vllm_does(result):
+    """vLLM's build_chat_params asks the template to think for any reasoning_effort but "none":
+    the grammar then allows the thought before the call, and not for "none"."""
+    data = grammar(result, "patched")
+    assert data["required+effort_high"]["accepts"]["thought_then_call"] is True
+    assert data["required+effort_none"]["accepts"]["thought_then_call"] is False
+    assert data["required+effort_none"]["accepts"]["say_call"] is True

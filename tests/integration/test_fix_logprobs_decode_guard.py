@@ -18,8 +18,8 @@ INVALID = fx.INVALID_TOKEN_TEXT
 @pytest.fixture(scope="module")
 def obs(fix_observations):
     return {
-        "unpatched": fix_observations.phase("unpatched")["logprobs"],
-        "patched": fix_observations.phase("patched")["logprobs"],
+        "unpatched": fx.phase(fix_observations, "unpatched")["logprobs"],
+        "patched": fx.phase(fix_observations, "patched")["logprobs"],
     }
 
 
