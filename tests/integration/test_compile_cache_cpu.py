@@ -8,6 +8,7 @@ start-up seconds are BENCHMARKS.md's ("What a pod needs"), not asserted here."""
 import pytest
 import yaml
 
+from gemma4_images.build import probe
 from gemma4_images.check import server, smoke
 from gemma4_images.generate import k8s
 from testkit import exchanges, trained
@@ -23,18 +24,19 @@ def pod_cache_env(m) -> dict[str, str]:
     return env
 
 
-def two_starts(m, image: str, volume) -> list[list[str]]:
-    """The start-up log of two servers of image, one after the other, on the same cache volume."""
+def starts(m, image: str, volume, envs: list[dict]) -> list[list[str]]:
+    """The start-up log of a server of image per env in envs, one after the other, on the same cache
+    volume."""
     env = pod_cache_env(m)
     volume.chmod(0o777)  # what fsGroup makes of the pod's volume for uid 2000
-
-    def on_volume(container):
-        container.with_volume_mapping(str(volume), env["VLLM_CACHE_ROOT"], "rw")
-        for key, value in env.items():
-            container.with_env(key, value)
-
     logs = []
-    for _ in range(2):
+    for extra in envs:
+
+        def on_volume(container, extra=extra):
+            container.with_volume_mapping(str(volume), env["VLLM_CACHE_ROOT"], "rw")
+            for key, value in {**env, **extra}.items():
+                container.with_env(key, value)
+
         # Nothing of this machine's own compile caches (keep_compiles): only the pod's volume.
         with server.serve(
             m, "xeon6", image, str(trained.ensure()), eager=False, keep_compiles=False, customize=on_volume
@@ -46,10 +48,37 @@ def two_starts(m, image: str, volume) -> list[list[str]]:
 
 
 def test_the_second_start_loads_what_the_first_compiled_into_the_volume(m, cpu_image, tmp_path):
-    cold, warm = two_starts(m, cpu_image, tmp_path)
+    """Then a start at another CPU capability (ATEN_CPU_CAPABILITY=avx2 stands for a Xeon 6 E-core
+    beside P-cores with AVX-512 and AMX) loads nothing the first compiled: its kernels are for
+    another instruction set (cpu_cache_env, image/gemma4_serve.py), so it compiles into a folder of
+    its own, and answers right."""
+    cold, warm, other = starts(m, cpu_image, tmp_path, [{}, {}, {"ATEN_CPU_CAPABILITY": "avx2"}])
+    root = pod_cache_env(m)["VLLM_CACHE_ROOT"]
     saved = smoke.COMPILE_SAVED.findall("\n".join(cold))
-    assert saved and all(path.startswith(pod_cache_env(m)["VLLM_CACHE_ROOT"]) for path in saved)
+    assert saved and all(path.startswith(root + "/cpu-") for path in saved)
     warm_text = "\n".join(warm)
     assert sorted(smoke.COMPILE_LOADED.findall(warm_text)) == sorted(saved), "the warm start compiled again"
     assert smoke.COMPILE_LOAD_FAILED not in warm_text and not smoke.COMPILE_SAVED.search(warm_text)
     smoke.startup_log(warm)
+    other_text = "\n".join(other)
+    assert not smoke.COMPILE_LOADED.search(other_text), "another CPU capability loaded the first's kernels"
+    again = smoke.COMPILE_SAVED.findall(other_text)
+    folder = {p[len(root) :].split("/")[1] for p in saved}
+    assert again and folder.isdisjoint(p[len(root) :].split("/")[1] for p in again), (saved, again)
+    smoke.startup_log(other)
+
+
+@pytest.mark.parametrize("aten", [None, "avx2", "default"])
+def test_the_folder_names_the_capability_torch_runs_at(client, cpu_image, aten):
+    """The entrypoint reads the CPU's flags, not torch (it is standard library only): the capability
+    in its folder name is the one torch reports in the image, on this machine, with and without
+    ATEN_CPU_CAPABILITY."""
+    script = (
+        "import json, os, types; "
+        + (f"os.environ['ATEN_CPU_CAPABILITY'] = {aten!r}; " if aten else "")
+        + "serve = types.ModuleType('serve'); serve.__file__ = '/usr/local/bin/gemma4-serve'; "
+        "exec(open(serve.__file__).read(), serve.__dict__); import torch; "
+        "print(json.dumps([torch.backends.cpu.get_cpu_capability().lower(), serve.cpu_isa(dict(os.environ))]))"
+    )
+    torch_says, folder = probe.python(client, cpu_image, script)
+    assert folder.split("-")[1] == torch_says, folder

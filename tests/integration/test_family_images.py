@@ -102,20 +102,20 @@ def test_cuda_image_builds_on_each_other_release(client, version):
 
 def test_tpu_images_carry_vllm_tpu_on_cpython_3_12_and_their_ported_fixes(client, m, built):
     # What makes the TPU stand-in real: vllm-tpu and tpu-inference 0.30.0 on the recorded CPython
-    # 3.12, torchaudio from the family's audio extras through the system pip, every fix applied by
-    # its vllm-tpu port or unchanged diff under the profile's sha256 guard, JAX importable.
+    # 3.12, every fix applied by its vllm-tpu port or unchanged diff under the profile's sha256
+    # guard, JAX importable; no audio extras (serve.unsupported_modalities).
     script = (
-        "import json, sys, importlib.metadata as md, torchaudio, jax; "
+        "import json, sys, importlib.metadata as md, importlib.util as u, jax; "
         "f = json.load(open('/etc/gemma4-e2b/fixes.json')); "
         "print(json.dumps([sys.version.split()[0], sys.prefix == sys.base_prefix, md.version('vllm-tpu'), "
-        "md.version('tpu-inference'), md.version('torchaudio'), f['profile'], "
+        "md.version('tpu-inference'), u.find_spec('torchaudio') is None, f['profile'], "
         "{x['name']: [x['state'], x.get('port')] for x in f['fixes']}]))"
     )
-    version, system_python, vllm_tpu, tpu_inference, torchaudio, profile, fixes = probe.python(
+    version, system_python, vllm_tpu, tpu_inference, no_torchaudio, profile, fixes = probe.python(
         client, built[1]["ironwood"], script
     )
     assert version.startswith("3.12.") and system_python and vllm_tpu == tpu_inference == "0.30.0"
-    assert torchaudio == "2.10.0" and profile == "vllm-tpu-0.30.0"
+    assert no_torchaudio and profile == "vllm-tpu-0.30.0"  # no audio served: no audio extras
     assert sorted(fixes) == sorted(m.fixes("ironwood")) and {s for s, _ in fixes.values()} == {"applied"}, fixes
     assert [n for n, (_, port) in fixes.items() if port] != [], "no fix took its vllm-tpu port"
     interpreter = client.images.get(built[1]["ironwood"]).labels[localbase.INTERPRETER_LABEL]

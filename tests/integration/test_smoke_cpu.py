@@ -142,8 +142,9 @@ def plain_server(client, m, unfixed_image, tmp_path_factory):
     """A deliberately broken server, for the checks to fail on, serving the tiny trained model: the
     CPU image without its fixes pack; the model's own tokenizer files instead of the BOS copy,
     without the config.json beside them (as the BOS copy was before it carried one); its recipe
-    switched to audio: false; vLLM's sampling parameters broken (SABOTAGE); and a transformers
-    newer than vLLM 0.30.0's (NEWER_TRANSFORMERS, over the image's own)."""
+    switched to refuse audio (serve.unsupported_modalities); vLLM's sampling parameters broken
+    (SABOTAGE); and a transformers newer than vLLM 0.30.0's (NEWER_TRANSFORMERS, over the image's
+    own)."""
     image = unfixed_image
     model = trained.ensure()
     scratch = tmp_path_factory.mktemp("plain")
@@ -152,7 +153,7 @@ def plain_server(client, m, unfixed_image, tmp_path_factory):
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
         shutil.copy(model / name, tokenizer / name)
     recipe = scratch / "recipe.json"
-    recipe.write_text(json.dumps({**m.recipe("xeon6"), "audio": False}))
+    recipe.write_text(json.dumps({**m.recipe("xeon6"), "unsupported_modalities": {"audio": "switched off"}}))
     for path in (scratch, tokenizer, *tokenizer.iterdir(), recipe):
         path.chmod(0o755 if path.is_dir() else 0o644)  # the server runs as uid 2000
 

@@ -133,7 +133,7 @@ def test_build_info_uses_the_label_table(tmp_path):
 
 
 def without_audio(m, name):
-    return {**m.recipe(name), "audio": False}
+    return {**m.recipe(name), "unsupported_modalities": {"audio": "no audio here"}}
 
 
 def test_audio_off_limits_audio_to_zero_in_the_value_vllm_uses(m):
@@ -165,7 +165,9 @@ def test_audio_off_edits_the_users_limit_in_place_and_follows_dotted_forms(m):
     "args", [["--limit-mm-per-prompt", '{"image": 4, "audio": 1}'], ["--limit-mm-per-prompt.audio", "1"]]
 )
 def test_audio_off_refuses_a_launch_that_asks_for_audio(m, args):
-    with pytest.raises(serve.UsageError, match="no audio extras .*audio: false for h100"):
+    with pytest.raises(
+        serve.UsageError, match="allows audio, which h100 cannot serve .no audio here; .*unsupported_modalities"
+    ):
         serve.compose(without_audio(m, "h100"), {}, args)
 
 
@@ -197,7 +199,8 @@ def test_probe_plan_follows_the_launch(m):
         "Gemma4ForConditionalGeneration",
         "/seed",
     ]
-    assert "audio" not in dict(serve.probe_plan(m.recipe("gaudi2")))  # audio: false
+    assert "audio" not in dict(serve.probe_plan(m.recipe("gaudi2")))  # unsupported_modalities: audio
+    assert "audio" not in dict(serve.probe_plan(m.recipe("trillium")))
     assert "cuda" not in dict(serve.probe_plan(m.recipe("mi300x")))
 
 
@@ -227,8 +230,8 @@ def test_capability_problems_name_the_target_and_the_switch(m):
     problems = serve.capability_problems(m.recipe("h200"), results)
     assert problems == [
         "h200: the base cannot decode and resample audio with vLLM's loader (ModuleNotFoundError: No module "
-        "named 'av'); the audio extras must install (audio_extras in targets.yaml), or set audio: false for "
-        "h200 to build an image whose launch refuses audio",
+        "named 'av'); the audio extras must install (audio_extras in targets.yaml), or list audio under "
+        "h200's serve.unsupported_modalities to build an image whose launch refuses audio",
         "h200: the base's torch is built for CUDA 13.0, h200 expects CUDA 12.9: build on "
         "vllm/vllm-openai:v0.30.0-cu129 (vllm/vllm-openai:v0.30.0 is the CUDA 13.0 build)",
     ]
@@ -356,7 +359,10 @@ def test_the_launch_check_covers_every_feature_set_under_every_variant(m, name):
         if not recipe["variants"][variant]["model"]:
             env["GEMMA4_MODEL"] = f"example/{variant}-checkpoint"
         assert argv == serve.compose(recipe, env, ["--max-num-seqs", "8"])  # what the entrypoint runs
-    assert [argv for _, argv in checked if argv[:-2] == m.recipe_launch(name)], "the recipe's own launch is among them"
+    # The user's flags come before the limits the entrypoint adds for what the target cannot serve.
+    at = {shlex.join(a): len(a) - 1 - a[::-1].index("8") for _, a in checked}
+    own = [a for _, a in checked if a[: at[shlex.join(a)] - 1] + a[at[shlex.join(a)] + 1 :] == m.recipe_launch(name)]
+    assert own, "the recipe's own launch is among them"
 
 
 def test_launch_refusals_are_one_line_each_naming_target_flag_and_share():
@@ -372,3 +378,53 @@ def test_launch_refusals_are_one_line_each_naming_target_flag_and_share():
         "feature's flags) or in the arguments given"
     ]
     assert serve.launch_problems(recipe, {"ok": True, "value": []}) == []
+
+
+AVX512_AMX = "flags\t: fpu fma avx avx2 avx512f avx512dq avx512bw avx512vl avx512_bf16 amx_bf16 amx_tile amx_int8\n"
+AVX2_ONLY = "flags\t: fpu fma avx avx2\n"  # a Xeon 6 E-core
+AVX512_NO_AMX = "flags\t: fpu fma avx avx2 avx512f avx512dq avx512bw avx512vl\n"
+
+
+def cpu_cache(m, tmp_path, cpuinfo: str, env: dict) -> str:
+    info = tmp_path / "cpuinfo"
+    info.write_text(f"processor\t: 0\nmodel name\t: a CPU\n{cpuinfo}")
+    return serve.cpu_cache_env(m.recipe("xeon6"), {"VLLM_CACHE_ROOT": "/var/cache/vllm", **env}, str(info))
+
+
+def test_the_cpu_compile_cache_is_kept_per_instruction_set(m, tmp_path):
+    """Pods sharing a compile-cache claim on CPUs of other instruction sets (Xeon 6 P-cores: AVX-512
+    and AMX; E-cores: AVX2) or run at another ATEN_CPU_CAPABILITY get folders of their own; the same
+    CPU the same folder."""
+    roots = {
+        name: cpu_cache(m, tmp_path, info, env)["VLLM_CACHE_ROOT"]
+        for name, info, env in [
+            ("avx512_amx", AVX512_AMX, {}),
+            ("again", AVX512_AMX, {}),
+            ("avx2", AVX2_ONLY, {}),
+            ("avx512", AVX512_NO_AMX, {}),
+            ("aten_avx2", AVX512_AMX, {"ATEN_CPU_CAPABILITY": "avx2"}),
+        ]
+    }
+    assert roots["avx512_amx"] == roots["again"]
+    assert len({roots[k] for k in ("avx512_amx", "avx2", "avx512", "aten_avx2")}) == 4
+    assert all(r.startswith("/var/cache/vllm/cpu-") for r in roots.values())
+    assert "-avx512-" in roots["avx512_amx"] and "-avx2-" in roots["avx2"] and "-avx2-" in roots["aten_avx2"]
+    # inductor's own cache dir, where the user sets one, the same way; an unset one is inductor's
+    # /tmp default, per container (and per pod: /tmp is an emptyDir)
+    env = cpu_cache(m, tmp_path, AVX2_ONLY, {"TORCHINDUCTOR_CACHE_DIR": "/shared/inductor/"})
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == "/shared/inductor/" + roots["avx2"].rsplit("/", 1)[1]
+    assert "TORCHINDUCTOR_CACHE_DIR" not in cpu_cache(m, tmp_path, AVX2_ONLY, {})
+    # Already keyed (a restart with the same environment): left alone; other families: untouched.
+    assert cpu_cache(m, tmp_path, AVX2_ONLY, {"VLLM_CACHE_ROOT": roots["avx2"]}) == {}
+    assert serve.cpu_cache_env(m.recipe("h100"), {"VLLM_CACHE_ROOT": "/var/cache/vllm"}) == {}
+
+
+@pytest.mark.parametrize("name", ["trillium", "ironwood"])
+def test_tpu_launches_refuse_what_vllm_tpus_jax_gemma4_cannot_serve(m, name):
+    """vLLM TPU's JAX Gemma 4 has no audio tower and no video path: the recipe's launch gets both
+    limited to 0 (images stay), and a launch asking for either is one line naming the reason."""
+    cmd = serve.compose(m.recipe(name), {}, [])
+    assert serve.mm_limits(cmd) == {"audio": 0, "video": 0}
+    assert cmd[:-2] == shlex.split(m.targets[name].recipe_launch)  # the recipe's launch, then the limits
+    with pytest.raises(serve.UsageError, match=f"allows video, which {name} cannot serve .vLLM TPU's JAX"):
+        serve.compose(m.recipe(name), {}, ["--limit-mm-per-prompt.video", "1"])

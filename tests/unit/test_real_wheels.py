@@ -199,8 +199,9 @@ def test_the_transformers_pin_is_one_every_wheel_of_the_family_accepts(family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_torchaudio_comes_with_the_familys_vllm_or_its_audio_extras_at_its_torch(family):
-    """vLLM resamples audio with torchaudio; where the family's wheels do not require it, the
-    family's audio_extras pin it to the torch those wheels pin (through torchvision for TPU)."""
+    """vLLM resamples audio with torchaudio; where the family's wheels do not require it and a
+    target serves audio, the family's audio_extras pin it to the torch those wheels pin (through
+    torchvision where only that pins it)."""
     linux = {"extra": "", "platform_machine": "x86_64", "platform_system": "Linux"}
     reqs = [
         r
@@ -209,6 +210,9 @@ def test_torchaudio_comes_with_the_familys_vllm_or_its_audio_extras_at_its_torch
         if not r.marker or r.marker.evaluate(linux)
     ]
     added = [Requirement(r) for r in M.families[family].audio_extras if Requirement(r).name == "torchaudio"]
+    if not any(M.targets[n].audio for n in M.family_targets(family)):
+        assert not added, f"{family}: no target serves audio, yet its audio_extras add torchaudio"
+        return
     if any(r.name == "torchaudio" for r in reqs):
         assert not added, f"{family}: its vLLM requires torchaudio already"
         return
