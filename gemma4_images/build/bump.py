@@ -28,9 +28,11 @@ import datetime
 import functools
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -378,6 +380,42 @@ class Files:
                     folder.rmdir()
 
 
+def _run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
+    """subprocess.run, its output captured, with the child in a process group of its own: when bump
+    stops (a signal: owned.Stopped) or fails while the child runs, the whole group is killed (lock.sh's
+    uv too, which subprocess.run would leave running) and gone before bump puts its files back."""
+    with subprocess.Popen(
+        cmd, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs
+    ) as child:
+        try:
+            out, err = child.communicate()
+        except BaseException:
+            os.killpg(child.pid, signal.SIGKILL)  # start_new_session: the group's id is the child's pid
+            child.wait()
+            deadline = time.monotonic() + GROUP_EXIT_S
+            while _group_running(child.pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            raise
+    return subprocess.CompletedProcess(cmd, child.returncode, out, err)
+
+
+GROUP_EXIT_S = 10  # for killed processes to exit (one in uninterruptible I/O finishes its system call first)
+
+
+def _group_running(pgid: int) -> bool:
+    """Whether a process of group pgid still runs; a zombie (dead, not yet reaped by whoever adopted
+    it) does not. proc(5): /proc/PID/stat's fields after the command name are state, ppid, pgrp."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state, _, pgrp = f.read().rsplit(")", 1)[1].split()[:3]
+        except OSError:  # gone meanwhile
+            continue
+        if int(pgrp) == pgid and state != "Z":
+            return True
+    return False
+
+
 def write(p: Plan, log=print, root: Path = ROOT) -> list[str]:
     files = Files(root)
     try:
@@ -396,13 +434,7 @@ def write(p: Plan, log=print, root: Path = ROOT) -> list[str]:
         view = matrix_mod.load(vllm=p.version)
         for key, s in view.standins.items():
             files.keep(Path(s.lock))
-        run = subprocess.run(
-            ["bash", "scripts/lock.sh"],
-            cwd=root,
-            env={**os.environ, "RELEASE": p.version},
-            capture_output=True,
-            text=True,
-        )
+        run = _run(["bash", "scripts/lock.sh"], cwd=root, env={**os.environ, "RELEASE": p.version})
         if run.returncode != 0:
             raise BumpError(
                 f"scripts/lock.sh for {p.version} failed: {(run.stderr or run.stdout).strip().splitlines()[-1]}"
@@ -412,12 +444,10 @@ def write(p: Plan, log=print, root: Path = ROOT) -> list[str]:
             with tempfile.TemporaryDirectory(prefix="gemma4-bump-") as wheel_root:
                 with zipfile.ZipFile(whl) as z:
                     z.extractall(wheel_root)
-                check = subprocess.run(
+                check = _run(
                     [sys.executable, "patches/apply_all.py", "--profile", profile, "--check", "--root", wheel_root]
                     + opt_in,
                     cwd=root,
-                    capture_output=True,
-                    text=True,
                 )
             if check.returncode != 0:
                 raise BumpError(
