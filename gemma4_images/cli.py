@@ -16,7 +16,7 @@ import click
 import docker
 from docker.errors import APIError
 
-from gemma4_images.build import emulation, images, owned, pin, probe, pypi, tokenizer_copy, wheels
+from gemma4_images.build import emulation, images, owned, pin, probe, tokenizer_copy, wheels
 from gemma4_images.build import registry as registry_api
 from gemma4_images.build.docker_build import (
     BaseUnavailable,
@@ -994,7 +994,7 @@ def bump(names, version, drops, accepts, check):
         written = bump_mod.write(p, log=log)
     except bump_mod.BumpError as e:
         fail(f"{e}; nothing was changed", e.code)
-    except pypi.PyPIError as e:
+    except upstream.UpstreamError as e:  # the package index, or vLLM's source archive
         fail(f"{e}; nothing was changed")
     click.echo(bump_mod.table(p))
     click.echo("wrote " + ", ".join(written))

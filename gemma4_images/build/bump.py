@@ -124,8 +124,9 @@ def plan(
         for dist in m.families[family].pypi:
             proj = pypi.project(dist)
             if version not in proj.versions:
-                newest = proj.versions[-1] if proj.versions else "none"
-                raise BadInput(f"{dist} {version} is not on the package index (its newest release: {newest})")
+                raise BadInput(
+                    f"{dist} {version} is not on the package index (its newest release: {proj.versions[-1]})"
+                )
             uploaded[dist] = proj.uploaded(version)
         first = m.families[family].pypi[0]
         whl = wheels.wheel(f"{first}=={version}", python=_python_of(m, family))

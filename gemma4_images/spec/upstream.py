@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -55,6 +56,76 @@ def _index_url() -> str:
     return url.rstrip("/")
 
 
+# How long to wait for each answer of the package index: pip's own default socket timeout (15 s,
+# pip/_internal/cli/cmdoptions.py `--timeout`), so an index that never answers fails in seconds.
+INDEX_TIMEOUT_ENV = "GEMMA4_INDEX_TIMEOUT"
+INDEX_TIMEOUT_S = 15.0
+
+
+def index_timeout() -> float:
+    value = os.environ.get(INDEX_TIMEOUT_ENV) or str(INDEX_TIMEOUT_S)
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds < float("inf"):
+        raise UpstreamError(f"{INDEX_TIMEOUT_ENV}={value!r}: give the seconds to wait for the package index (e.g. 15)")
+    return seconds
+
+
+def index_page(project: str) -> tuple[str, dict]:
+    """(the URL, the JSON) of project's page on the package index, in the JSON form of the simple
+    API; an index that cannot be read in time, or answers anything else, is one line saying so."""
+    page = f"{_index_url()}/{project}/"
+    req = urllib.request.Request(page, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    timeout = index_timeout()
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            body, kind = r.read(), r.headers.get_content_type()
+    except (OSError, ValueError) as e:
+        reason = e if isinstance(e, urllib.error.HTTPError) else getattr(e, "reason", e)  # URLError wraps it
+        waited = (
+            f" in {timeout:g} s ({INDEX_TIMEOUT_ENV} sets how long to wait)" if isinstance(reason, TimeoutError) else ""
+        )
+        raise UpstreamError(
+            f"cannot read {page}: {reason}{waited}; it is the index pip is configured with (PIP_INDEX_URL, or "
+            "`pip config set global.index-url URL`)"
+        ) from None
+    try:
+        data = json.loads(body)
+    except ValueError:
+        data = None
+    problem = _not_simple_json(data, kind)
+    if problem:
+        raise UpstreamError(
+            f"{page} is not the JSON simple API (PEP 691): {problem}; set PIP_INDEX_URL to an index that "
+            "serves it, as PyPI does"
+        )
+    return page, data
+
+
+def _not_simple_json(data, kind: str) -> str | None:
+    """What the answer lacks of what is read from it: PEP 691's files, each with a filename, url and
+    hashes object (and an upload-time string, PEP 700), and PEP 700's versions; None when nothing."""
+    if not isinstance(data, dict):
+        return f"it answered {kind}, not a JSON object"
+    if not isinstance(data.get("files"), list):
+        return "it has no `files` list"
+    wanted = {"filename": str, "url": str, "hashes": dict}
+    for f in data["files"]:
+        if not isinstance(f, dict):
+            return f"a file is {f!r}, not an object"
+        for key, kind_of in wanted.items():
+            if not isinstance(f.get(key), kind_of):
+                return f"file {f.get('filename')!r} has no `{key}` {kind_of.__name__}"
+        if not isinstance(f.get("upload-time") or "", str):
+            return f"file {f['filename']!r} has an `upload-time` that is not a string"
+    versions = data.get("versions", [])
+    if not isinstance(versions, list) or not all(isinstance(v, str) for v in versions):
+        return "its `versions` is not a list of strings"
+    return None
+
+
 def file_sha256(path: Path) -> str:
     with open(path, "rb") as f:
         return stream_sha256(f)
@@ -72,22 +143,22 @@ def fetch_sdist(filename: str, sha256: str) -> Path:
     path = cache_dir() / "sdists" / filename
     if path.exists() and file_sha256(path) == sha256:
         return path
-    project = filename.rsplit("-", 1)[0]
-    page = f"{_index_url()}/{project}/"
     try:
-        req = urllib.request.Request(page, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-        with urllib.request.urlopen(req, timeout=120) as r:
-            files = json.load(r)["files"]
-        url = next(f["url"] for f in files if f["filename"] == filename)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".part")
-        with urllib.request.urlopen(url, timeout=600) as r, open(tmp, "wb") as out:
+        page, data = index_page(filename.rsplit("-", 1)[0])
+    except UpstreamError as e:
+        raise UpstreamError(f"{e}. Offline? Put {filename} in {path.parent} and run again.") from None
+    url = next((f["url"] for f in data["files"] if f["filename"] == filename), None)
+    if url is None:
+        raise UpstreamError(f"{filename} is not listed at {page}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".part")
+    try:
+        with urllib.request.urlopen(url, timeout=index_timeout()) as r, open(tmp, "wb") as out:
             shutil.copyfileobj(r, out)
-    except StopIteration:
-        raise UpstreamError(f"{filename} is not listed at {page}") from None
     except (OSError, ValueError) as e:
+        tmp.unlink(missing_ok=True)
         raise UpstreamError(
-            f"cannot download {filename} from {page}: {e}. Offline? Put the file in {path.parent} and run again."
+            f"cannot download {filename} from {url}: {e}. Offline? Put the file in {path.parent} and run again."
         ) from None
     if file_sha256(tmp) != sha256:
         tmp.unlink()
