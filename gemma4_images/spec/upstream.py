@@ -167,6 +167,17 @@ def fetch_sdist(filename: str, sha256: str) -> Path:
     return path
 
 
+def sdist_member(sdist: str, sha256: str, member: str) -> bytes | None:
+    """The file member of the source archive (fetched and verified by fetch_sdist); None when the
+    archive holds no such file."""
+    with tarfile.open(fetch_sdist(sdist, sha256)) as tar:
+        try:
+            f = tar.extractfile(member)
+        except KeyError:  # tarfile's answer for a name the archive lacks
+            return None
+        return None if f is None else f.read()  # None: a folder or a link, not a file
+
+
 def stage(matrix: Matrix, stage_dir: Path = STAGE) -> list[Path]:
     """Put every upstream file targets.yaml names (at matrix's vLLM release) under .build/upstream/,
     ready for COPY. A staged file is fetched again only when its source differs: each one's source
@@ -179,16 +190,17 @@ def stage(matrix: Matrix, stage_dir: Path = STAGE) -> list[Path]:
         dest = stage_dir / rel
         source = f"{src.sdist} sha256:{src.sdist_sha256} {src.member}"
         if not dest.exists() or sources.get(rel) != source:
-            archive = fetch_sdist(src.sdist, src.sdist_sha256)
-            with tarfile.open(archive) as tar:
-                member = tar.extractfile(src.member)
-                if member is None:
-                    raise UpstreamError(f"{src.member} is not in {src.sdist}")
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                # whole or not at all: a file that exists is never half-written
-                partial = dest.with_name(f".{dest.name}.partial")
-                partial.write_bytes(member.read())
-                partial.replace(dest)
+            data = sdist_member(src.sdist, src.sdist_sha256, src.member)
+            if data is None:
+                raise UpstreamError(
+                    f"{src.sdist} holds no file {src.member} (upstream file {rel}): correct its member in "
+                    "targets.yaml upstream_files, or in the release file's for another vLLM release"
+                )
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            # whole or not at all: a file that exists is never half-written
+            partial = dest.with_name(f".{dest.name}.partial")
+            partial.write_bytes(data)
+            partial.replace(dest)
             sources[rel] = source
             record.write_text(json.dumps(sources, indent=2) + "\n")
         staged.append(dest)

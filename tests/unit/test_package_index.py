@@ -1,12 +1,16 @@
-"""What the build host reads from the package index, asked of a fake index on 127.0.0.1: an index
-that cannot be read, answers something else or never answers is one line in seconds (`bump --check`,
-`bump`)."""
+"""What the build host reads from the package index and from vLLM's source archive, asked of a fake
+index on 127.0.0.1: an index that cannot be read, answers something else or never answers is one
+line in seconds (`bump --check`, `bump`); `bump` opens the new release's source archive and shows
+how the chat template changed; `stage` names the archive and the member it lacks."""
 
+import hashlib
 import http.server
+import io
 import json
 import os
 import socket
 import subprocess
+import tarfile
 import threading
 import time
 from types import SimpleNamespace
@@ -20,6 +24,7 @@ from gemma4_images.spec import matrix, upstream
 from tests.cli import ROOT, command
 
 JSON_API = "application/vnd.pypi.simple.v1+json"
+TEMPLATE = "examples/tool_chat_template_gemma4.jinja"
 DISTRIBUTIONS = sorted({d for f in matrix.load().families.values() for d in f.pypi} | {"transformers"})
 
 
@@ -131,3 +136,82 @@ def test_a_timeout_that_is_not_a_number_of_seconds_is_one_line(monkeypatch):
     monkeypatch.setenv("GEMMA4_INDEX_TIMEOUT", "soon")
     with pytest.raises(upstream.UpstreamError, match="GEMMA4_INDEX_TIMEOUT='soon': give the seconds"):
         upstream.index_timeout()
+
+
+# -- the chat template: vLLM's source archive --------------------------------------------------------
+
+
+def sdist(version: str, files: dict[str, str]) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz") as tar:
+        for rel, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(f"vllm-{version}/{rel}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def vllm_releases(index, archives: dict[str, bytes]):
+    """The vllm project's page listing each archive, and a matrix of 0.30.0 that takes its template
+    from the first."""
+    files = []
+    for version, data in archives.items():
+        name = f"vllm-{version}.tar.gz"
+        index.pages[f"/files/{name}"] = ("application/octet-stream", data)
+        files.append({"filename": name, "url": f"{index.url}/files/{name}", "hashes": {"sha256": sha(data)}})
+    index.pages["/simple/vllm/"] = page("vllm", files, list(archives))
+    old = next(iter(archives))
+    src = SimpleNamespace(
+        sdist=f"vllm-{old}.tar.gz", sdist_sha256=files[0]["hashes"]["sha256"], member=f"vllm-{old}/{TEMPLATE}"
+    )
+    return SimpleNamespace(upstream_files={TEMPLATE: src})
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_bump_shows_how_the_chat_template_changed(index, capsys):
+    m = vllm_releases(
+        index,
+        {
+            "0.30.0": sdist("0.30.0", {TEMPLATE: "{{ bos_token }}\n{# tools #}\n"}),
+            "0.40.0": sdist("0.40.0", {TEMPLATE: "{{ bos_token }}\n{# tools, strict #}\n"}),
+        },
+    )
+    p = bump.Plan("0.40.0", "0.30.0", [], [], {})
+    bump._upstream(p, m)
+    said = capsys.readouterr().out
+    assert f"upstream file {TEMPLATE} changed from vLLM 0.30.0 to 0.40.0" in said
+    assert "  -{# tools #}" in said and "  +{# tools, strict #}" in said
+    assert p.release["upstream_files"][TEMPLATE]["member"] == f"vllm-0.40.0/{TEMPLATE}"
+    assert (f"upstream {TEMPLATE}", "vllm-0.30.0.tar.gz", "vllm-0.40.0.tar.gz (changed: diff above)") in p.changes
+
+
+def test_bump_refuses_a_release_whose_archive_lacks_the_chat_template(index):
+    m = vllm_releases(
+        index,
+        {
+            "0.30.0": sdist("0.30.0", {TEMPLATE: "{{ bos_token }}\n"}),
+            "0.40.0": sdist("0.40.0", {f"examples/templates/{TEMPLATE.split('/')[-1]}": "{{ bos_token }}\n"}),
+        },
+    )
+    with pytest.raises(bump.BumpError) as refused:
+        bump._upstream(bump.Plan("0.40.0", "0.30.0", [], [], {}), m)
+    assert str(refused.value).startswith(f"vllm-0.40.0.tar.gz holds no file vllm-0.40.0/{TEMPLATE}, where ")
+
+
+def test_stage_names_the_archive_and_the_member_it_lacks(tmp_path, monkeypatch):
+    monkeypatch.setenv("GEMMA4_CACHE", str(tmp_path / "cache"))
+    data = sdist("0.30.0", {"examples/other.jinja": ""})
+    (tmp_path / "cache" / "sdists").mkdir(parents=True)
+    (tmp_path / "cache" / "sdists" / "vllm-0.30.0.tar.gz").write_bytes(data)
+    member = f"vllm-0.30.0/{TEMPLATE}"
+    m = SimpleNamespace(
+        upstream_files={TEMPLATE: SimpleNamespace(sdist="vllm-0.30.0.tar.gz", sdist_sha256=sha(data), member=member)}
+    )
+    with pytest.raises(upstream.UpstreamError) as refused:
+        upstream.stage(m, tmp_path / "stage")
+    assert str(refused.value).startswith(f"vllm-0.30.0.tar.gz holds no file {member} (upstream file {TEMPLATE}): ")
+    assert not (tmp_path / "stage" / TEMPLATE).exists()
