@@ -459,7 +459,7 @@ PUSHED_FIX = "correct it, or move it aside and push again (push writes it anew)"
 
 
 def _not_a_push_record(entries) -> str | None:
-    """What of the record record, pushed_entry and pushed_platforms read is not there, or None."""
+    """What the entries lack of what record, pushed_entry and pushed_platforms read, or None."""
     if not isinstance(entries, list):
         return "not a list of push records"
     for n, e in enumerate(entries, 1):

@@ -175,7 +175,7 @@ def sdist_member(sdist: str, sha256: str, member: str) -> bytes | None:
             f = tar.extractfile(member)
         except KeyError:  # tarfile's answer for a name the archive lacks
             return None
-        return None if f is None else f.read()  # None: a folder or a link, not a file
+        return None if f is None else f.read()  # None: a folder, not a file
 
 
 def stage(matrix: Matrix, stage_dir: Path = STAGE) -> list[Path]:
