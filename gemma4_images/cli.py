@@ -16,7 +16,7 @@ import click
 import docker
 from docker.errors import APIError
 
-from gemma4_images.build import emulation, images, owned, pin, probe, pypi, tokenizer_copy, wheels
+from gemma4_images.build import emulation, images, owned, pin, probe, tokenizer_copy, wheels
 from gemma4_images.build import registry as registry_api
 from gemma4_images.build.docker_build import (
     BaseUnavailable,
@@ -561,7 +561,9 @@ def run(target, image, print_only, env, strategy, nodes, node_rank, master_addr,
     is_flag=True,
     help="Serve the tiny Gemma 4 trained on a script (testkit/, no hub needed) and check its answers exactly.",
 )
-@click.option("--report", type=click.Path(), help="JSON report path (default reports/smoke-<target>.json).")
+@click.option(
+    "--report", type=click.Path(), help="JSON report path (default the reports folder's smoke-<target>.json)."
+)
 @PLATFORM
 @VLLM
 def smoke(target, image, model, tiny, report, platform):
@@ -595,7 +597,7 @@ def smoke(target, image, model, tiny, report, platform):
     if wrong:
         fail(wrong, 2)
     result = smoke_mod.run_smoke(client, m, name, image=image, model=model, script=script, log=log)
-    path = Path(report or f"reports/smoke-{reports.key(name, platform, m.report_release)}.json")
+    path = Path(report) if report else reports.folder() / f"smoke-{reports.key(name, platform, m.report_release)}.json"
     result.write(path)
     if result.answers:
         click.echo(
@@ -630,9 +632,8 @@ def smoke(target, image, model, tiny, report, platform):
 @click.option(
     "--signatures",
     type=click.Path(file_okay=False),
-    default="reports/signatures",
-    show_default=True,
-    help="Lookaside directory the signatures are written to (serve it to the pipelines that verify).",
+    help="Lookaside directory the signatures are written to (serve it to the pipelines that verify; "
+    "default the reports folder's signatures/).",
 )
 @click.option(
     "--sign-passphrase-file",
@@ -693,7 +694,7 @@ def push(
         allow_dirty=allow_dirty,
         sources={key: image} if image else None,
         sign_by=sign_by,
-        signatures=Path(signatures),
+        signatures=Path(signatures) if signatures else None,
         passphrase_file=sign_passphrase_file,
         log=log,
     )
@@ -711,9 +712,8 @@ def push(
 )
 @click.option(
     "--signatures",
-    default="reports/signatures",
-    show_default=True,
-    help="Where the signatures are: the lookaside directory push wrote, or its http(s):// URL.",
+    help="Where the signatures are: the lookaside directory push wrote, or its http(s):// URL (default the "
+    "reports folder's signatures/).",
 )
 @click.option("--to", "dest", metavar="TRANSPORT:REF", help="Copy the verified image there (any skopeo destination).")
 @click.option("--attachments-dir", type=click.Path(file_okay=False), help="Write the verified attached files here.")
@@ -1040,7 +1040,7 @@ def bump(names, version, drops, accepts, check):
         written = bump_mod.write(p, log=log)
     except bump_mod.BumpError as e:
         fail(f"{e}; nothing was changed", e.code)
-    except pypi.PyPIError as e:
+    except upstream.UpstreamError as e:  # the package index, or vLLM's source archive
         fail(f"{e}; nothing was changed")
     click.echo(bump_mod.table(p))
     click.echo("wrote " + ", ".join(written))

@@ -10,7 +10,8 @@ Chosen at `docker run` time, without rebuilding:
   GEMMA4_FEATURES  tool_calling,reasoning,...  replaces the target's defaults;
                    +spec_decoding,-reasoning   edits them;  none  turns all off
   GEMMA4_MODEL     a hub id or a path inside the container, instead of the variant's model
-                   (a path, with nothing else in the launch naming a hub repository, turns on the
+                   (a path must be a folder holding config.json, checked before vLLM starts;
+                   a path, with nothing else in the launch naming a hub repository, turns on the
                    hub's offline mode: HF_HUB_OFFLINE=1, unless HF_HUB_OFFLINE is set already)
   GEMMA4_STRATEGY  single_node_tp (default) | multi_node_tp   (the recipe page's strategies)
                    multi_node_tp: tensor parallelism over GEMMA4_NODES nodes, each running this
@@ -293,6 +294,26 @@ def is_local(ref: str) -> bool:
     """A path inside the container rather than a hub id (OWNER/NAME is both; it counts as a path
     only when such a folder exists)."""
     return ref.startswith(("/", "./", "../")) or os.path.isdir(ref)
+
+
+def check_local_model(model: str | None) -> None:
+    """GEMMA4_MODEL as a path must be a folder holding config.json: vLLM takes any value that exists
+    as a local model and reads its config.json (vllm/transformers_utils/repo_utils.py
+    file_or_path_exists, config.py get_config, v0.30.0), and otherwise fails half a minute into its
+    start with a traceback. A hub id (OWNER/NAME, no such folder here) is vLLM's to fetch."""
+    if not model or not (is_local(model) or os.path.exists(model)):
+        return
+    if not os.path.isdir(model):
+        mount = model if os.path.isabs(model) else "/models/NAME"
+        raise UsageError(
+            f"GEMMA4_MODEL={model}: no such folder in the container; mount the model's folder "
+            f"(docker run -v HOST_FOLDER:{mount}:ro -e GEMMA4_MODEL={mount}) or give a hub id (OWNER/NAME)"
+        )
+    if not os.path.isfile(os.path.join(model, "config.json")):
+        raise UsageError(
+            f"GEMMA4_MODEL={model}: the folder holds no config.json, which vLLM reads first; point it at "
+            "the model's own folder (config.json beside the weights)"
+        )
 
 
 def hub_references(recipe: dict, cmd: list[str]) -> list[str]:
@@ -878,6 +899,8 @@ def main(argv: list[str]) -> int:
         env = dict(os.environ)
         cmd = compose(recipe, env, args)
         warnings = guard_warnings(recipe, env, args)
+        if "--print-command" not in modes:  # a printed launch may run where the folder is
+            check_local_model(env.get("GEMMA4_MODEL"))
     except UsageError as e:
         print(f"gemma4-serve: error: {e}", file=sys.stderr)
         return 2

@@ -11,7 +11,7 @@ Facts and where they come from:
 - the audio extras: VERSION's `audio` extra; packages already pinned keep their pins, a new one is
   pinned at its newest release when VERSION was published;
 - the upstream files (the chat template): the same members of vllm-VERSION.tar.gz, its sha256 from
-  the index;
+  the index; each must be there, and its diff against targets.yaml's release is shown;
 - base images, stand-in tags and what they stand for: the vendor's tags with v<old> replaced by
   v<VERSION> (vLLM's tag convention, targets.yaml cites it); digests null until `pin`;
 - the stand-ins' locks: scripts/lock.sh for this release only (requirements/v<VERSION>/...);
@@ -25,12 +25,15 @@ Facts and where they come from:
 from __future__ import annotations
 
 import datetime
+import difflib
 import functools
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +45,7 @@ from gemma4_images.generate import render
 from gemma4_images.spec import matrix as matrix_mod
 from gemma4_images.spec.matrix import ROOT, Matrix
 from gemma4_images.spec.modules import load_file
-from gemma4_images.spec.upstream import file_sha256
+from gemma4_images.spec.upstream import file_sha256, sdist_member
 
 # What bump may write; it refuses to start while any of them has uncommitted changes.
 WRITES = ("releases", "requirements", "patches", "image/recipes", "FIXES.md", "docker-bake.hcl")
@@ -122,8 +125,9 @@ def plan(
         for dist in m.families[family].pypi:
             proj = pypi.project(dist)
             if version not in proj.versions:
-                newest = proj.versions[-1] if proj.versions else "none"
-                raise BadInput(f"{dist} {version} is not on the package index (its newest release: {newest})")
+                raise BadInput(
+                    f"{dist} {version} is not on the package index (its newest release: {proj.versions[-1]})"
+                )
             uploaded[dist] = proj.uploaded(version)
         first = m.families[family].pypi[0]
         whl = wheels.wheel(f"{first}=={version}", python=_python_of(m, family))
@@ -136,7 +140,7 @@ def plan(
     published = min(uploaded.values())  # when the first of them was: what existed then is what it was built with
     _transformers(p, m, metas, published)
     _audio(p, m, metas, published)
-    _upstream(p, m)
+    _upstream(p, m, log)
     _bases(p, m)
     _fixes(p, m, metas, drops, accepts, log)
     # The commands that wrote the file, in order: running them again on the release before it
@@ -199,18 +203,42 @@ def _audio(p: Plan, m: Matrix, metas: dict, published: str) -> None:
     p.changes.append(("audio extras", " ".join(m.audio_extras), " ".join(out)))
 
 
-def _upstream(p: Plan, m: Matrix) -> None:
+def _upstream(p: Plan, m: Matrix, log=print) -> None:
+    """Each upstream file from the same member of VERSION's source archive: it must be there, and
+    what changed in it since targets.yaml's release is shown (it is served as it is)."""
     sdist = f"vllm-{p.version}.tar.gz"
     files = [f for f in pypi.project("vllm").files if f.filename == sdist]
     if not files:
         raise BumpError(
             f"{sdist} is not on the package index: the upstream files {', '.join(m.upstream_files)} come from it"
         )
+    if not files[0].sha256:
+        raise BumpError(f"the package index gives no sha256 for {sdist}: bump cannot pin it")
     out = {}
     for rel, src in m.upstream_files.items():
         member = src.member.replace(f"vllm-{p.old}/", f"vllm-{p.version}/")
+        new = sdist_member(sdist, files[0].sha256, member)
+        if new is None:
+            raise BumpError(
+                f"{sdist} holds no file {member}, where {src.sdist} holds upstream file {rel}: vLLM {p.version} "
+                "moved or removed it; find where it went and what the recipe now names (bump cannot carry it over)"
+            )
+        old = sdist_member(src.sdist, src.sdist_sha256, src.member) or b""
+        diff = list(
+            difflib.unified_diff(
+                old.decode(errors="replace").splitlines(),
+                new.decode(errors="replace").splitlines(),
+                f"{src.sdist}:{src.member}",
+                f"{sdist}:{member}",
+                lineterm="",
+            )
+        )
+        if diff:
+            log(f"upstream file {rel} changed from vLLM {p.old} to {p.version} (the images serve it as it is):")
+            for line in diff:
+                log(f"  {line}")
         out[rel] = {"sdist": sdist, "sdist_sha256": files[0].sha256, "member": member}
-        p.changes.append((f"upstream {rel}", src.sdist, sdist))
+        p.changes.append((f"upstream {rel}", src.sdist, f"{sdist} ({'changed: diff above' if diff else 'same file'})"))
     p.release["upstream_files"] = out
 
 
@@ -378,6 +406,42 @@ class Files:
                     folder.rmdir()
 
 
+def _run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
+    """subprocess.run, its output captured, with the child in a process group of its own: when bump
+    stops (a signal: owned.Stopped) or fails while the child runs, the whole group is killed (lock.sh's
+    uv too, which subprocess.run would leave running) and gone before bump puts its files back."""
+    with subprocess.Popen(
+        cmd, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs
+    ) as child:
+        try:
+            out, err = child.communicate()
+        except BaseException:
+            os.killpg(child.pid, signal.SIGKILL)  # start_new_session: the group's id is the child's pid
+            child.wait()
+            deadline = time.monotonic() + GROUP_EXIT_S
+            while _group_running(child.pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            raise
+    return subprocess.CompletedProcess(cmd, child.returncode, out, err)
+
+
+GROUP_EXIT_S = 10  # for killed processes to exit (one in uninterruptible I/O finishes its system call first)
+
+
+def _group_running(pgid: int) -> bool:
+    """Whether a process of group pgid still runs; a zombie (dead, not yet reaped by whoever adopted
+    it) does not. proc(5): /proc/PID/stat's fields after the command name are state, ppid, pgrp."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state, _, pgrp = f.read().rsplit(")", 1)[1].split()[:3]
+        except OSError:  # gone meanwhile
+            continue
+        if int(pgrp) == pgid and state != "Z":
+            return True
+    return False
+
+
 def write(p: Plan, log=print, root: Path = ROOT) -> list[str]:
     files = Files(root)
     try:
@@ -396,13 +460,7 @@ def write(p: Plan, log=print, root: Path = ROOT) -> list[str]:
         view = matrix_mod.load(vllm=p.version)
         for key, s in view.standins.items():
             files.keep(Path(s.lock))
-        run = subprocess.run(
-            ["bash", "scripts/lock.sh"],
-            cwd=root,
-            env={**os.environ, "RELEASE": p.version},
-            capture_output=True,
-            text=True,
-        )
+        run = _run(["bash", "scripts/lock.sh"], cwd=root, env={**os.environ, "RELEASE": p.version})
         if run.returncode != 0:
             raise BumpError(
                 f"scripts/lock.sh for {p.version} failed: {(run.stderr or run.stdout).strip().splitlines()[-1]}"
@@ -412,12 +470,10 @@ def write(p: Plan, log=print, root: Path = ROOT) -> list[str]:
             with tempfile.TemporaryDirectory(prefix="gemma4-bump-") as wheel_root:
                 with zipfile.ZipFile(whl) as z:
                     z.extractall(wheel_root)
-                check = subprocess.run(
+                check = _run(
                     [sys.executable, "patches/apply_all.py", "--profile", profile, "--check", "--root", wheel_root]
                     + opt_in,
                     cwd=root,
-                    capture_output=True,
-                    text=True,
                 )
             if check.returncode != 0:
                 raise BumpError(

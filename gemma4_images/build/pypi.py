@@ -5,8 +5,6 @@ index pip is configured with, so the mirrors and proxies users already set up ap
 from __future__ import annotations
 
 import functools
-import json
-import urllib.request
 import zipfile
 from dataclasses import dataclass
 from email.parser import Parser
@@ -15,11 +13,11 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.version import InvalidVersion, Version
 
-from gemma4_images.spec.upstream import _index_url
+from gemma4_images.spec.upstream import UpstreamError, index_page
 
 
-class PyPIError(Exception):
-    """The index cannot be read, or it lacks what was asked for."""
+class PyPIError(UpstreamError):
+    """The index lacks what was asked for (index_page says when it cannot be read)."""
 
 
 @dataclass(frozen=True)
@@ -64,13 +62,7 @@ def _stable(version: str) -> Version | None:
 
 @functools.lru_cache(maxsize=None)
 def project(name: str) -> Project:
-    page = f"{_index_url()}/{name}/"
-    req = urllib.request.Request(page, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            data = json.load(r)
-    except (OSError, ValueError) as e:
-        raise PyPIError(f"cannot read {page}: {e}") from None
+    page, data = index_page(name)
     files = [
         File(f["filename"], f["url"], f["hashes"].get("sha256", ""), f.get("upload-time") or "")
         for f in data.get("files", [])
@@ -79,6 +71,8 @@ def project(name: str) -> Project:
     stable = {v: parsed for v in data.get("versions", []) if (parsed := _stable(v))}
     # A version whose files were all yanked is no release to take.
     listed = {v for v in stable if Project(name, [], files).files_of(v)}
+    if not listed:
+        raise PyPIError(f"{name} has no release on the package index ({page} lists no stable version with files)")
     return Project(name, sorted(listed, key=stable.get), files)
 
 

@@ -368,7 +368,7 @@ def build(
 # -- push ----------------------------------------------------------------------------------------
 
 
-def push(client, ref: str, registry: str, log=print, reports_dir: Path = Path("reports"), check: bool = True) -> dict:
+def push(client, ref: str, registry: str, log=print, reports_dir: Path | None = None, check: bool = True) -> dict:
     """Push the model image ref to <registry>/models/<name>:<revision tag>; returns its pushed.json
     entry (target model:<name>), recorded there like the serving images' pushes. check=False when
     the caller has already asked the registry (the CLI does, before the build)."""

@@ -243,20 +243,22 @@ def push(
     skip_smoke: bool = False,
     allow_dirty: bool = False,
     sources: dict[str, str] | None = None,
-    reports_dir: Path = Path("reports"),
+    reports_dir: Path | None = None,
     sign_by: str | None = None,
     signatures: Path | None = None,
     passphrase_file: str | None = None,
     log=print,
 ) -> list[dict]:
     """Tag and push each target's image, for each of its platforms (chosen_parts), joined by an
-    index when there are two or more; returns (and records in reports_dir/pushed.json) one entry
+    index when there are two or more; returns (and records in reports_dir/pushed.json, default
+    reports.folder()) one entry
     per target: target, repository, tags, digest, image id, which tags were pushed or already
     there, the files attached and, with sign_by (a GnuPG key), the signatures written to the
     lookaside directory signatures (default reports_dir/signatures); an index's entry holds one
     such entry per platform under "platforms". sources maps a target's report key (xeon6,
     xeon6-arm64) to the local image to push (default: its tag)."""
     repo = repository(matrix, registry)
+    reports_dir = Path(reports_dir or reports.folder())
     signer = None
     if sign_by:
         try:
@@ -264,7 +266,7 @@ def push(
             key = signing.fingerprint(sign_by)
         except signing.SigningError as e:
             raise PushError(str(e)) from None
-        signer = (key, Path(signatures or Path(reports_dir) / "signatures"), passphrase_file)
+        signer = (key, Path(signatures or reports_dir / "signatures"), passphrase_file)
     plan = []
     # Every gate is checked before anything is pushed, so a refusal never leaves half a release.
     for name in targets:
@@ -336,10 +338,10 @@ def _forget_created(client, created: list[str], results: list[dict], repo: str) 
             client.images.remove(ref, noprune=True)
 
 
-def push_plan(client, plan, repo: str, log, reports_dir: Path = Path("reports")) -> list[dict]:
+def push_plan(client, plan, repo: str, log, reports_dir: Path | None = None) -> list[dict]:
     """Push each (name, source, image, tags) of plan to repo (run_steps)."""
     steps = [functools.partial(_push_target, client, *item[:3], repo, item[3], log) for item in plan]
-    return run_steps(client, steps, repo, reports_dir)
+    return run_steps(client, steps, repo, Path(reports_dir or reports.folder()))
 
 
 def run_steps(client, steps, repo: str, reports_dir: Path) -> list[dict]:
@@ -347,6 +349,7 @@ def run_steps(client, steps, repo: str, reports_dir: Path) -> list[dict]:
     entry of what reached the registry); record every entry in pushed.json, and on a failure
     remove the local registry tags made for what did not get there."""
     results, created = [], []
+    read_pushed(reports_dir / PUSHED_FILE)  # a record push could not add to refuses it before anything is pushed
     try:
         for step in steps:
             results.append(step(created))
@@ -356,7 +359,7 @@ def run_steps(client, steps, repo: str, reports_dir: Path) -> list[dict]:
     finally:
         # Whatever did reach the registry is recorded, even when a later target fails.
         if results:
-            record(results, Path(reports_dir) / PUSHED_FILE)
+            record(results, reports_dir / PUSHED_FILE)
     return results
 
 
@@ -437,31 +440,63 @@ def _sign(host: str, path: str, to_sign: list[tuple[str, str]], signer, log) -> 
     return done_list
 
 
+def read_pushed(path: Path) -> list[dict]:
+    """pushed.json's entries, [] before the first push; a file that is not what push writes is one
+    line naming it (never taken for empty: record would write over it)."""
+    if not path.exists():
+        return []
+    try:
+        entries = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise PushError(f"{path} is not JSON ({e}): {PUSHED_FIX}") from None
+    bad = _not_a_push_record(entries)
+    if bad:
+        raise PushError(f"{path}: {bad}: {PUSHED_FIX}")
+    return entries
+
+
+PUSHED_FIX = "correct it, or move it aside and push again (push writes it anew)"
+
+
+def _not_a_push_record(entries) -> str | None:
+    """What the entries lack of what record, pushed_entry and pushed_platforms read, or None."""
+    if not isinstance(entries, list):
+        return "not a list of push records"
+    for n, e in enumerate(entries, 1):
+        parts = e.get("platforms", []) if isinstance(e, dict) else None
+        if not (
+            isinstance(e, dict)
+            and all(isinstance(e.get(key), str) for key in ("target", "repository"))
+            and isinstance(e.get("digest"), (str, type(None)))
+            and isinstance(e.get("platform"), (str, type(None)))
+            and isinstance(parts, list)
+            and all(isinstance(p, dict) and isinstance(p.get("platform"), str) for p in parts)
+        ):
+            return (
+                f"entry {n} is not a push record (target and repository strings, a digest string, platforms "
+                "each with a platform string)"
+            )
+    return None
+
+
 def record(entries: list[dict], path: Path) -> None:
     """Merge into pushed.json: one entry per (target, repository), the latest push winning."""
-    try:
-        old = json.loads(path.read_text())
-    except (OSError, ValueError):
-        old = []
     fresh = {(e["target"], e["repository"]) for e in entries}
-    kept = [e for e in old if (e.get("target"), e.get("repository")) not in fresh]
+    kept = [e for e in read_pushed(path) if (e["target"], e["repository"]) not in fresh]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(kept + entries, indent=2) + "\n")
 
 
-def pushed_entry(target: str, reports_dir: Path = Path("reports"), repo: str | None = None) -> dict | None:
-    """The pushed.json entry of the target's last recorded push (to repo when given), or None."""
-    try:
-        entries = json.loads((Path(reports_dir) / PUSHED_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    for e in reversed(entries):
-        if e.get("target") == target and e.get("digest") and repo in (None, e.get("repository")):
+def pushed_entry(target: str, reports_dir: Path | None = None, repo: str | None = None) -> dict | None:
+    """The pushed.json entry of the target's last recorded push (to repo when given), or None;
+    reports_dir: default reports.folder()."""
+    for e in reversed(read_pushed(Path(reports_dir or reports.folder()) / PUSHED_FILE)):
+        if e["target"] == target and e.get("digest") and repo in (None, e["repository"]):
             return e
     return None
 
 
-def pushed_ref(target: str, reports_dir: Path = Path("reports"), repo: str | None = None) -> str | None:
+def pushed_ref(target: str, reports_dir: Path | None = None, repo: str | None = None) -> str | None:
     """repository@digest of the target's last recorded push (to repo when given), or None."""
     e = pushed_entry(target, reports_dir, repo)
     return entry_ref(e) if e else None

@@ -1,4 +1,4 @@
-"""The SBOM and provenance files of a built image (reports/), which `push` attaches.
+"""The reports folder, and the SBOM and provenance files of a built image in it, which `push` attaches.
 
 `build` writes them after every build, so they are never older than the image; when the image, its
 tag and what writes them are all unchanged since they were written (a no-change rebuild: the quick
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from importlib import metadata
 from pathlib import Path
 
@@ -33,12 +34,22 @@ def key(name: str, platform: str | None = None, release: str | None = None) -> s
     return name + (f"-v{release}" if release else "") + platforms.parse(platform).tag_suffix
 
 
+REPORTS_ENV = "GEMMA4_REPORTS"
+
+
+def folder() -> Path:
+    """The reports folder every command writes and reads (smoke reports, SBOM, provenance,
+    pushed.json, signatures): the checkout's reports/ from any working directory, or the folder
+    GEMMA4_REPORTS names (a CI job's artifacts)."""
+    return Path(os.environ.get(REPORTS_ENV) or ROOT / "reports")
+
+
 def sbom_path(name: str) -> Path:
-    return Path(f"reports/sbom-{name}.cdx.json")
+    return folder() / f"sbom-{name}.cdx.json"
 
 
 def provenance_path(name: str) -> Path:
-    return Path(f"reports/provenance-{name}.intoto.json")
+    return folder() / f"provenance-{name}.intoto.json"
 
 
 def write_sbom(contents, name: str, out: Path | None = None) -> str:
@@ -83,7 +94,7 @@ def _generator() -> str:
 
 
 def _stamp_path(name: str) -> Path:
-    return Path(f"reports/.{name}.written-for.json")
+    return folder() / f".{name}.written-for.json"
 
 
 def _stamp(name: str, image, ref: str) -> dict:
@@ -93,7 +104,7 @@ def _stamp(name: str, image, ref: str) -> dict:
         # the provenance's subjects name them too (a push or pull adds one)
         "repo_digests": sorted(image.attrs.get("RepoDigests") or []),
         "generator": _generator(),
-        "files": {str(p): file_sha256(p) if p.is_file() else None for p in (sbom_path(name), provenance_path(name))},
+        "files": {p.name: file_sha256(p) if p.is_file() else None for p in (sbom_path(name), provenance_path(name))},
     }
 
 

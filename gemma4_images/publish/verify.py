@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 
 from gemma4_images.build import registry as registry_api
-from gemma4_images.publish import attach, signing
+from gemma4_images.publish import attach, reports, signing
 from gemma4_images.spec import platforms, reference
 
 
@@ -35,7 +35,7 @@ def verify(
     *,
     key: Path | None = None,
     policy: Path | None = None,
-    signatures: str = "reports/signatures",
+    signatures: str | None = None,
     dest: str | None = None,
     attachments_dir: Path | None = None,
     require_attachments: bool = False,
@@ -49,6 +49,7 @@ def verify(
     SBOM and provenance). For an index (a multi-platform tag), platform (default linux/amd64)
     chooses the image: the index's signature and that image's are both checked, and the
     attachments are that image's; the result's digest is the image's, its index the index's."""
+    signatures = signatures or str(reports.folder() / "signatures")  # where push writes them
     image = reference.Reference.split(ref)
     host, repository = image.host, image.repository
     with tempfile.TemporaryDirectory() as tmp:

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -55,6 +56,76 @@ def _index_url() -> str:
     return url.rstrip("/")
 
 
+# How long to wait for each answer of the package index: pip's own default socket timeout (15 s,
+# pip/_internal/cli/cmdoptions.py `--timeout`), so an index that never answers fails in seconds.
+INDEX_TIMEOUT_ENV = "GEMMA4_INDEX_TIMEOUT"
+INDEX_TIMEOUT_S = 15.0
+
+
+def index_timeout() -> float:
+    value = os.environ.get(INDEX_TIMEOUT_ENV) or str(INDEX_TIMEOUT_S)
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds < float("inf"):
+        raise UpstreamError(f"{INDEX_TIMEOUT_ENV}={value!r}: give the seconds to wait for the package index (e.g. 15)")
+    return seconds
+
+
+def index_page(project: str) -> tuple[str, dict]:
+    """(the URL, the JSON) of project's page on the package index, in the JSON form of the simple
+    API; an index that cannot be read in time, or answers anything else, is one line saying so."""
+    page = f"{_index_url()}/{project}/"
+    req = urllib.request.Request(page, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    timeout = index_timeout()
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            body, kind = r.read(), r.headers.get_content_type()
+    except (OSError, ValueError) as e:
+        reason = e if isinstance(e, urllib.error.HTTPError) else getattr(e, "reason", e)  # URLError wraps it
+        waited = (
+            f" in {timeout:g} s ({INDEX_TIMEOUT_ENV} sets how long to wait)" if isinstance(reason, TimeoutError) else ""
+        )
+        raise UpstreamError(
+            f"cannot read {page}: {reason}{waited}; it is the index pip is configured with (PIP_INDEX_URL, or "
+            "`pip config set global.index-url URL`)"
+        ) from None
+    try:
+        data = json.loads(body)
+    except ValueError:
+        data = None
+    problem = _not_simple_json(data, kind)
+    if problem:
+        raise UpstreamError(
+            f"{page} is not the JSON simple API (PEP 691): {problem}; set PIP_INDEX_URL to an index that "
+            "serves it, as PyPI does"
+        )
+    return page, data
+
+
+def _not_simple_json(data, kind: str) -> str | None:
+    """What the answer lacks of what is read from it: PEP 691's files, each with a filename, url and
+    hashes object (and an upload-time string, PEP 700), and PEP 700's versions; None when nothing."""
+    if not isinstance(data, dict):
+        return f"it answered {kind}, not a JSON object"
+    if not isinstance(data.get("files"), list):
+        return "it has no `files` list"
+    wanted = {"filename": str, "url": str, "hashes": dict}
+    for f in data["files"]:
+        if not isinstance(f, dict):
+            return f"a file is {f!r}, not an object"
+        for key, kind_of in wanted.items():
+            if not isinstance(f.get(key), kind_of):
+                return f"file {f.get('filename')!r} has no `{key}` {kind_of.__name__}"
+        if not isinstance(f.get("upload-time") or "", str):
+            return f"file {f['filename']!r} has an `upload-time` that is not a string"
+    versions = data.get("versions", [])
+    if not isinstance(versions, list) or not all(isinstance(v, str) for v in versions):
+        return "its `versions` is not a list of strings"
+    return None
+
+
 def file_sha256(path: Path) -> str:
     with open(path, "rb") as f:
         return stream_sha256(f)
@@ -72,28 +143,39 @@ def fetch_sdist(filename: str, sha256: str) -> Path:
     path = cache_dir() / "sdists" / filename
     if path.exists() and file_sha256(path) == sha256:
         return path
-    project = filename.rsplit("-", 1)[0]
-    page = f"{_index_url()}/{project}/"
     try:
-        req = urllib.request.Request(page, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-        with urllib.request.urlopen(req, timeout=120) as r:
-            files = json.load(r)["files"]
-        url = next(f["url"] for f in files if f["filename"] == filename)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".part")
-        with urllib.request.urlopen(url, timeout=600) as r, open(tmp, "wb") as out:
+        page, data = index_page(filename.rsplit("-", 1)[0])
+    except UpstreamError as e:
+        raise UpstreamError(f"{e}. Offline? Put {filename} in {path.parent} and run again.") from None
+    url = next((f["url"] for f in data["files"] if f["filename"] == filename), None)
+    if url is None:
+        raise UpstreamError(f"{filename} is not listed at {page}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".part")
+    try:
+        with urllib.request.urlopen(url, timeout=index_timeout()) as r, open(tmp, "wb") as out:
             shutil.copyfileobj(r, out)
-    except StopIteration:
-        raise UpstreamError(f"{filename} is not listed at {page}") from None
     except (OSError, ValueError) as e:
+        tmp.unlink(missing_ok=True)
         raise UpstreamError(
-            f"cannot download {filename} from {page}: {e}. Offline? Put the file in {path.parent} and run again."
+            f"cannot download {filename} from {url}: {e}. Offline? Put the file in {path.parent} and run again."
         ) from None
     if file_sha256(tmp) != sha256:
         tmp.unlink()
         raise UpstreamError(f"{filename}: sha256 does not match the pin in targets.yaml ({sha256})")
     tmp.rename(path)
     return path
+
+
+def sdist_member(sdist: str, sha256: str, member: str) -> bytes | None:
+    """The file member of the source archive (fetched and verified by fetch_sdist); None when the
+    archive holds no such file."""
+    with tarfile.open(fetch_sdist(sdist, sha256)) as tar:
+        try:
+            f = tar.extractfile(member)
+        except KeyError:  # tarfile's answer for a name the archive lacks
+            return None
+        return None if f is None else f.read()  # None: a folder, not a file
 
 
 def stage(matrix: Matrix, stage_dir: Path = STAGE) -> list[Path]:
@@ -108,16 +190,17 @@ def stage(matrix: Matrix, stage_dir: Path = STAGE) -> list[Path]:
         dest = stage_dir / rel
         source = f"{src.sdist} sha256:{src.sdist_sha256} {src.member}"
         if not dest.exists() or sources.get(rel) != source:
-            archive = fetch_sdist(src.sdist, src.sdist_sha256)
-            with tarfile.open(archive) as tar:
-                member = tar.extractfile(src.member)
-                if member is None:
-                    raise UpstreamError(f"{src.member} is not in {src.sdist}")
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                # whole or not at all: a file that exists is never half-written
-                partial = dest.with_name(f".{dest.name}.partial")
-                partial.write_bytes(member.read())
-                partial.replace(dest)
+            data = sdist_member(src.sdist, src.sdist_sha256, src.member)
+            if data is None:
+                raise UpstreamError(
+                    f"{src.sdist} holds no file {src.member} (upstream file {rel}): correct its member in "
+                    "targets.yaml upstream_files, or in the release file's for another vLLM release"
+                )
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            # whole or not at all: a file that exists is never half-written
+            partial = dest.with_name(f".{dest.name}.partial")
+            partial.write_bytes(data)
+            partial.replace(dest)
             sources[rel] = source
             record.write_text(json.dumps(sources, indent=2) + "\n")
         staged.append(dest)

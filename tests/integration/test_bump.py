@@ -8,12 +8,15 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests import cli
 from tests.cli import ROOT, build_py
 
 pytestmark = pytest.mark.integration
@@ -184,6 +187,52 @@ def test_a_step_failing_after_files_were_written_puts_every_one_back(clone):
     # The lock step comes after the release file, profile and ports are written.
     r = bump(clone, *ACCEPT, env={**os.environ, "UV": "/bin/false"})
     assert r.returncode == 1 and "scripts/lock.sh for 0.32.0 failed" in one_line(r)
+    assert status(clone) == ""
+    assert not (clone / "releases").exists() and not (clone / f"requirements/v{VERSION}").exists()
+
+
+# A stand-in for uv: it says it started, then writes its -o file a while later, as uv does at the end
+# of a resolution; its `sleep` is one more process of the group.
+SLOW_UV = """#!/bin/sh
+echo $$ > "$UV_STARTED"
+sleep {delay}
+while [ $# -gt 0 ]; do [ "$1" = -o ] && out=$2; shift; done
+echo "written after the stop" > "$out"
+"""
+
+
+def running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie runs nothing
+    except FileNotFoundError:
+        return False
+
+
+def test_a_stopped_bump_leaves_no_lock_step_running_and_nothing_written(clone, tmp_path):
+    unreleased(clone)
+    delay = 5
+    uv, started = tmp_path / "uv", tmp_path / "uv-started"
+    uv.write_text(SLOW_UV.format(delay=delay))
+    uv.chmod(0o755)
+    env = {**os.environ, "UV": str(uv), "UV_STARTED": str(started)}
+    bumping = subprocess.Popen(
+        cli.command("bump", "cpu", "--vllm", VERSION, *ACCEPT, cwd=clone),
+        cwd=clone,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 600
+    while not started.exists() or not started.read_text().strip():
+        assert bumping.poll() is None and time.monotonic() < deadline, "bump ended before scripts/lock.sh ran uv"
+        time.sleep(0.2)
+    bumping.send_signal(signal.SIGTERM)  # as `timeout` or a cancelled CI job stops it
+    _, err = bumping.communicate(timeout=60)
+    assert bumping.returncode == 128 + signal.SIGTERM and "stopped by SIGTERM" in err.splitlines()[-1], err
+    assert not running(int(started.read_text()))
+    time.sleep(delay + 2)  # past the moment the stand-in would have written its lock
     assert status(clone) == ""
     assert not (clone / "releases").exists() and not (clone / f"requirements/v{VERSION}").exists()
 

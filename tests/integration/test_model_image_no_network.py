@@ -124,6 +124,7 @@ def _serves_with_no_network(client, m, cpu_image, tiny_image, srv):
 def test_model_image_cli_builds_tags_by_content_and_pushes_with_a_digest(client, tmp_path):
     secret = "hf_" + secrets.token_hex(16)
     env = {**os.environ, "HF_TOKEN": secret, "HUGGING_FACE_HUB_TOKEN": secret}
+    env["GEMMA4_REPORTS"] = str(tmp_path / "reports")  # pushed.json there, not in the checkout's reports/
     folder = trained.ensure()
     root = tmp_path / "registry"
     root.mkdir()
@@ -143,7 +144,6 @@ def test_model_image_cli_builds_tags_by_content_and_pushes_with_a_digest(client,
             "--registry",
             host,
             env=env,
-            cwd=tmp_path,
         )
         assert r.returncode == 0, r.stdout + r.stderr
         assert secret not in r.stdout + r.stderr
@@ -158,7 +158,7 @@ def test_model_image_cli_builds_tags_by_content_and_pushes_with_a_digest(client,
         # The registry serves that digest for that tag; a second run pushes nothing.
         assert registry.digest_of(f"{entry['repository']}:{entry['tags'][0]}") == entry["digest"]
         again = build_py(
-            "model-image", str(folder), "--name", "tiny-gemma4-trained", "--tag", tag, "--registry", host, cwd=tmp_path
+            "model-image", str(folder), "--name", "tiny-gemma4-trained", "--tag", tag, "--registry", host, env=env
         )
         assert again.returncode == 0 and "not rebuilt" in again.stderr and "not pushed" in again.stderr, again.stderr
 

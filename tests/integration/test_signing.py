@@ -189,24 +189,16 @@ def test_signed_push_attaches_records_and_verifies(client, m, registry, images, 
 
 
 def test_build_py_push_signs_and_attaches_from_the_command_line(registry, images, keys, tmp_path):
-    """The options as a release job passes them: the key from the environment, reports/ in its cwd."""
+    """The options as a release job passes them: the key and the reports folder from the environment."""
     reports(tmp_path / "reports", images[0])
-    env = {**os.environ, "GEMMA4_SIGN_BY": keys["fpr"]}
-    run = build_py(
-        "push",
-        TARGET,
-        "--image",
-        images[0],
-        "--registry",
-        registry,
-        cwd=tmp_path,
-        env=env,
-    )
+    env = {**os.environ, "GEMMA4_SIGN_BY": keys["fpr"], "GEMMA4_REPORTS": str(tmp_path / "reports")}
+    run = build_py("push", TARGET, "--image", images[0], "--registry", registry, env=env)
     assert run.returncode == 0, run.stderr
     (entry,) = json.loads((tmp_path / "reports" / "pushed.json").read_text())
     assert run.stdout.strip().splitlines()[-1] == f"{entry['repository']}@{entry['digest']}"
     assert len(entry["attachments"]) == 2 and len(entry["signatures"]) == len(entry["tags"]) + 2
-    assert all((tmp_path / s["signature"]).is_file() for s in entry["signatures"])  # reports/signatures/…
+    assert all(Path(s["signature"]).is_relative_to(tmp_path / "reports" / "signatures") for s in entry["signatures"])
+    assert all(Path(s["signature"]).is_file() for s in entry["signatures"])
 
 
 def test_verify_copies_only_an_accepted_image_on(client, m, registry, images, keys, tmp_path):

@@ -282,8 +282,9 @@ def test_write_build_info_without_a_path_is_a_usage_error(m, tmp_path, monkeypat
 # -- the hub's offline mode for a local model -------------------------------------------------------
 
 
-def serve_env(tmp_path, monkeypatch, recipe, env, argv=()):
-    """The environment the entrypoint hands to vLLM (os.execvp stubbed: nothing is started)."""
+def start(tmp_path, monkeypatch, recipe, env, argv=()):
+    """(the entrypoint's exit code, what it hands to vLLM: {"env", "cmd"}, {} when it starts
+    nothing); os.execvp stubbed."""
     seen = {}
     left_out = (*serve.OFFLINE_VARS, *serve.USAGE_STATS_VARS)
     monkeypatch.setattr(serve.os, "environ", {k: v for k, v in serve.os.environ.items() if k not in left_out})
@@ -293,12 +294,53 @@ def serve_env(tmp_path, monkeypatch, recipe, env, argv=()):
     path = tmp_path / "recipe.json"
     path.write_text(json.dumps(recipe))
     serve.os.environ.update({"GEMMA4_RECIPE": str(path), **env})
-    serve.main(list(argv))
-    return seen["env"]
+    return serve.main(list(argv)), seen
 
 
-def test_a_local_model_is_served_with_the_hub_offline(m, tmp_path, monkeypatch, capsys):
-    env = serve_env(tmp_path, monkeypatch, m.recipe("xeon6"), {"GEMMA4_MODEL": "/models/tiny"})
+def serve_env(tmp_path, monkeypatch, recipe, env, argv=()):
+    """The environment the entrypoint hands to vLLM."""
+    return start(tmp_path, monkeypatch, recipe, env, argv)[1]["env"]
+
+
+@pytest.fixture
+def local_model(tmp_path):
+    """GEMMA4_MODEL naming a model's folder (config.json beside the weights)."""
+    folder = tmp_path / "models" / "tiny"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    return {"GEMMA4_MODEL": str(folder)}
+
+
+@pytest.mark.parametrize(
+    "model, says",
+    [
+        ("/models/gone", "GEMMA4_MODEL=/models/gone: no such folder in the container; mount the model's folder "),
+        ("./gone", "GEMMA4_MODEL=./gone: no such folder in the container; "),
+        ("../gone", "GEMMA4_MODEL=../gone: no such folder in the container; "),
+        ("empty", "GEMMA4_MODEL=empty: the folder holds no config.json"),  # OWNER/NAME's form, but a folder here
+        ("weights.safetensors", "GEMMA4_MODEL=weights.safetensors: no such folder in the container"),
+    ],
+    ids=["absolute", "./", "../", "a folder without config.json", "a file"],
+)
+def test_a_local_model_that_is_not_there_is_refused_before_vllm_starts(m, tmp_path, monkeypatch, capsys, model, says):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "weights.safetensors").write_bytes(b"")
+    code, started = start(tmp_path, monkeypatch, m.recipe("xeon6"), {"GEMMA4_MODEL": model})
+    assert code == 2 and started == {}
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"gemma4-serve: error: {says}"), line
+
+
+def test_a_hub_id_and_a_model_folder_start_vllm(m, tmp_path, monkeypatch, local_model):
+    monkeypatch.chdir(tmp_path)  # no folder of the hub id's name here
+    for env in ({"GEMMA4_MODEL": "google/gemma-4-E2B-it"}, {"GEMMA4_MODEL": "gemma-4-E2B-it"}, local_model):
+        _, started = start(tmp_path, monkeypatch, m.recipe("xeon6"), env)
+        assert env["GEMMA4_MODEL"] in started["cmd"]
+
+
+def test_a_local_model_is_served_with_the_hub_offline(m, tmp_path, monkeypatch, capsys, local_model):
+    env = serve_env(tmp_path, monkeypatch, m.recipe("xeon6"), local_model)
     assert env["HF_HUB_OFFLINE"] == "1"
     assert "HF_HUB_OFFLINE=1: the model is a local path" in capsys.readouterr().err
 
@@ -309,11 +351,14 @@ def test_a_hub_model_is_served_online(m, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert "HF_HUB_OFFLINE" not in serve_env(tmp_path, monkeypatch, m.recipe("xeon6"), {"GEMMA4_MODEL": "org/tiny"})
     (tmp_path / "org" / "tiny").mkdir(parents=True)
+    (tmp_path / "org" / "tiny" / "config.json").write_text("{}")
     assert serve_env(tmp_path, monkeypatch, m.recipe("xeon6"), {"GEMMA4_MODEL": "org/tiny"})["HF_HUB_OFFLINE"] == "1"
 
 
-def test_offline_is_not_set_when_the_launch_needs_the_hub_or_the_user_chose(m, tmp_path, monkeypatch, capsys):
-    local = {"GEMMA4_MODEL": "/models/tiny"}
+def test_offline_is_not_set_when_the_launch_needs_the_hub_or_the_user_chose(
+    m, tmp_path, monkeypatch, capsys, local_model
+):
+    local = local_model
     # spec_decoding's drafter is a hub id: offline would make the start-up fail.
     env = serve_env(tmp_path, monkeypatch, m.recipe("h100"), {**local, "GEMMA4_FEATURES": "+spec_decoding"})
     assert "HF_HUB_OFFLINE" not in env

@@ -4,6 +4,7 @@ probe run for real against a local HTTP server."""
 
 import http.server
 import json
+import os
 import threading
 
 import kubernetes_validate
@@ -296,7 +297,7 @@ def _pushed(folder, **entry):
 
 
 def _cli_pod(folder):
-    done = build_py("k8s", "xeon6", cwd=folder)
+    done = build_py("k8s", "xeon6", env={**os.environ, "GEMMA4_REPORTS": str(folder / "reports")})
     assert done.returncode == 0, done.stderr
     return next(yaml.safe_load_all(done.stdout))["spec"]["template"]["spec"], done.stdout.split("apiVersion")[0]
 

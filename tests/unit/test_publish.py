@@ -3,6 +3,9 @@ pushed.json. The real push to a real registry is tests/integration/test_push.py.
 
 import json
 import os
+import shutil
+import subprocess
+import sys
 import time
 
 import pytest
@@ -12,6 +15,7 @@ from gemma4_images.build import registry
 from gemma4_images.check.smoke import Check, Report
 from gemma4_images.publish import publish
 from gemma4_images.spec import matrix
+from tests.cli import ROOT, build_py
 
 M = matrix.load()
 SHA = "0123456789abcdef0123456789abcdef01234567"
@@ -165,6 +169,72 @@ def test_record_keeps_other_targets_and_replaces_the_same_one(tmp_path):
     assert recorded == {("b200", "sha256:2"), ("h100", "sha256:3")}
     assert publish.pushed_ref("h100", tmp_path) == "r@sha256:3"
     assert publish.pushed_ref("h100", tmp_path, repo="other") is None
+
+
+REPO = "registry.example/ns/gemma4-e2b"
+MALFORMED = {
+    "not JSON": "{not json",
+    "an object, not a list": json.dumps({"target": "xeon6", "repository": REPO, "digest": "sha256:1"}),
+    "an entry that is a string": json.dumps(["xeon6"]),
+    "an entry without its repository": json.dumps([{"target": "xeon6", "digest": "sha256:1"}]),
+    "platforms that are a string": json.dumps(
+        [{"target": "xeon6", "repository": REPO, "digest": "sha256:1", "platforms": "linux/amd64"}]
+    ),
+}
+
+
+@pytest.mark.parametrize("case", MALFORMED)
+def test_k8s_with_a_malformed_pushed_json_is_one_line_naming_the_file(tmp_path, case):
+    path = tmp_path / "reports" / publish.PUSHED_FILE
+    path.parent.mkdir()
+    path.write_text(MALFORMED[case])
+    # cwd: where the code before GEMMA4_REPORTS read it from
+    r = build_py("k8s", "xeon6", cwd=tmp_path, env={**os.environ, "GEMMA4_REPORTS": str(path.parent)})
+    assert r.returncode == 1 and r.stdout == "", r.stdout
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith(f"error: {path}") and "correct it, or move it aside" in line, line
+
+
+@pytest.mark.parametrize("case", MALFORMED)
+def test_a_push_never_writes_over_a_malformed_pushed_json(tmp_path, case):
+    path = tmp_path / publish.PUSHED_FILE
+    path.write_text(MALFORMED[case])
+    pushed = []
+    with pytest.raises(publish.PushError, match=f"^{path}"):
+        publish.run_steps(
+            None, [lambda created: pushed.append(1) or {"target": "xeon6", "repository": REPO}], REPO, tmp_path
+        )
+    assert pushed == [] and path.read_text() == MALFORMED[case]  # refused before anything was pushed
+
+
+def test_pushed_json_is_the_checkouts_whatever_the_working_directory(tmp_path):
+    # A checkout of this code (its own reports/ folder) run from another folder, whose reports/ is not it.
+    checkout, elsewhere = tmp_path / "checkout", tmp_path / "elsewhere"
+    checkout.mkdir()
+    # The code copied (python follows a symlinked build.py to the real checkout), what it reads linked.
+    shutil.copytree(ROOT / "gemma4_images", checkout / "gemma4_images", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "build.py", checkout)
+    for item in ROOT.iterdir():
+        if item.name not in ("build.py", "gemma4_images", "reports", ".git", ".venv", ".build"):
+            (checkout / item.name).symlink_to(item)
+    digest = "sha256:" + "e" * 64
+    publish.record(
+        [{"target": "xeon6", "repository": REPO, "digest": digest}], checkout / "reports" / publish.PUSHED_FILE
+    )
+    publish.record(
+        [{"target": "xeon6", "repository": "elsewhere.example/gemma4-e2b", "digest": digest}],
+        elsewhere / "reports" / publish.PUSHED_FILE,
+    )
+    env = {k: v for k, v in os.environ.items() if k != "GEMMA4_REPORTS"}
+    r = subprocess.run(
+        [sys.executable, str(checkout / "build.py"), "k8s", "xeon6"],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr
+    assert f"image: {REPO}@{digest}" in r.stdout
 
 
 def test_a_recorded_image_id_is_exact_whatever_the_dates(gate):

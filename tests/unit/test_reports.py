@@ -21,7 +21,7 @@ class Engine:
 @pytest.fixture
 def reads(monkeypatch, tmp_path):
     """Each reading of the image, and documents that name what they were made from."""
-    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GEMMA4_REPORTS", str(tmp_path / "reports"))
     done = []
 
     def read(client, m, name, ref):
@@ -87,12 +87,12 @@ def test_a_failed_reading_leaves_no_record_that_would_keep_old_documents(reads, 
     monkeypatch.setattr(reports.image_contents, "read", refuse)
     with pytest.raises(reports.image_contents.ImageError):
         build(image_id="sha256:bbb")
-    assert not list(reports.Path("reports").glob(".*.written-for.json"))
+    assert not list(reports.folder().glob(".*.written-for.json"))
 
 
 def test_the_record_names_the_image_and_each_file_digest(reads):
     build()
-    record = json.loads(reports.Path("reports/.xeon6.written-for.json").read_text())
+    record = json.loads((reports.folder() / ".xeon6.written-for.json").read_text())
     assert record["image"] == "sha256:aaa" and record["ref"] == "gemma4-e2b:xeon6-v0.30.0"
-    assert set(record["files"]) == {"reports/sbom-xeon6.cdx.json", "reports/provenance-xeon6.intoto.json"}
+    assert set(record["files"]) == {"sbom-xeon6.cdx.json", "provenance-xeon6.intoto.json"}
     assert all(len(digest) == 64 for digest in record["files"].values())
