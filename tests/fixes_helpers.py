@@ -360,32 +360,43 @@ class _Warnings:
 
 # ---------------------------------------------------------------- cpu-onednn-strided-input
 def probe_onednn(tok) -> dict:
-    """vLLM's CPU linear (oneDNN's onednn_mm, what vLLM's CPU linear layers run where it is
-    built in) on the activation layouts Gemma 4's audio conformer gives it: its lconv1d's conv
-    output transposed back (last-dim stride != 1), and the same values row-contiguous; float32
-    and bfloat16. Recorded: the error, or the largest difference to torch's own linear."""
+    """vLLM's CPU linear kernels on the activation layouts Gemma 4's audio conformer gives them:
+    its lconv1d's conv output transposed back (last-dim stride != 1), and the same values
+    row-contiguous. oneDNN's onednn_mm (vLLM's CPU linear where it is built in; float32 and
+    bfloat16) and, on AMX CPUs, the SGL kernel weight_packed_linear that vLLM picks for weights up
+    to 1 MiB (bfloat16; vllm/model_executor/layers/utils.py check_cpu_sgl_kernel). Recorded: the
+    error, or the largest difference to torch's own linear."""
     import torch
     from vllm import _custom_ops as ops
     from vllm.platforms import current_platform
 
     current_platform.import_kernels()
     out: dict = {"supports_onednn": bool(ops._supports_onednn)}
-    if not out["supports_onednn"]:  # the fix's onednn_mm is never called (a build without oneDNN)
+    if not out["supports_onednn"]:  # the fix's kernels are never called (a build without oneDNN)
         return out
+    out["amx"] = bool(torch.cpu._is_amx_tile_supported())
     torch.manual_seed(0)
-    for dtype in (torch.float32, torch.bfloat16):
-        weight = torch.randn(24, 32, dtype=dtype)  # [N, K], as vLLM's linear layers hold it
-        bias = torch.randn(24, dtype=dtype)
-        handler = ops.create_onednn_mm(weight.t(), 32)  # as dispatch_cpu_unquantized_gemm makes it
+    kernels = [("", dtype) for dtype in (torch.float32, torch.bfloat16)]
+    if out["amx"]:
+        kernels.append(("sgl_", torch.bfloat16))
+    for kernel, dtype in kernels:
+        weight = torch.randn(32, 64, dtype=dtype)  # [N, K], as vLLM's linear layers hold it
+        bias = torch.randn(32, dtype=dtype)
+        if kernel:  # as dispatch_cpu_unquantized_gemm packs it (its bias in float32)
+            packed = torch.ops._C.convert_weight_packed(weight)
+            run = lambda x, p=packed, b=bias.float(): ops.weight_packed_linear_cpu(x, p, 32, b)  # noqa: E731
+        else:
+            handler = ops.create_onednn_mm(weight.t(), 32)
+            run = lambda x, h=handler, b=bias: ops.onednn_mm(h, x, b)  # noqa: E731
         # [batch, channels, time]: one clip, as an audio request brings (with two, reshape copies
         # and hides the bug)
-        conv_out = torch.randn(1, 32, 7, dtype=dtype)
+        conv_out = torch.randn(1, 64, 7, dtype=dtype)
         transposed = conv_out.transpose(1, 2)  # [batch, time, channels], a view
         for layout, x in (("transposed", transposed), ("contiguous", transposed.contiguous())):
-            key = f"{layout}_{str(dtype).removeprefix('torch.')}"
+            key = f"{kernel}{layout}_{str(dtype).removeprefix('torch.')}"
             want = torch.nn.functional.linear(x.float(), weight.float(), bias.float())
             try:
-                got = ops.onednn_mm(handler, x, bias)
+                got = run(x)
                 out[key] = {
                     "stride_last": x.stride(-1),
                     "shape": list(got.shape),
