@@ -271,6 +271,8 @@ def push(
     # Every gate is checked before anything is pushed, so a refusal never leaves half a release.
     for name in targets:
         parts = chosen_parts(client, matrix, name, platforms_wanted, sources or {}, log)
+        # What the images are (one commit) first: the report gates depend on when each was built.
+        plan.append(plan_release(matrix, name, parts, moving_tag, allow_dirty))
         for part in parts:
             refusal = smoke_refusal(client, name, part.image, reports_dir, part.platform, matrix.report_release)
             if refusal and not skip_smoke:
@@ -283,7 +285,6 @@ def push(
                         f"refusing to push {part.source}: {item.path} was written before the image was built; "
                         f"regenerate it for this image (or remove it to push without it)"
                     )
-        plan.append(plan_release(matrix, name, parts, moving_tag, allow_dirty))
     check_registry(reference.Reference.split(repo).host)
     steps = [functools.partial(_push_release, client, release, repo, reports_dir, signer, log) for release in plan]
     return run_steps(client, steps, repo, reports_dir)

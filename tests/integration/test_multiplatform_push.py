@@ -9,8 +9,10 @@ its signatures and the per-platform choice. The real xeon6 images for both platf
 the same push in the linux/arm64 tier (test_arm64.py). The attached documents are small stand-ins."""
 
 import json
+import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import local_registry
@@ -305,7 +307,7 @@ def _nothing_pushed(host):
     "case",
     ["platform the target lacks", "wrong architecture", "two commits", "no arm64 smoke report"],
 )
-def test_refused_in_one_line_before_anything_is_pushed(client, m, images, inline_build, tmp_path, case):
+def test_refused_in_one_line_before_anything_is_pushed(client, m, images, inline_build, untagged, tmp_path, case):
     with local_registry.registry(tmp_path, client) as host:
         folder = write_reports(tmp_path / "reports", images)
         sources = {PLATFORMS[p]: tag for p, tag in images.items()}
@@ -320,13 +322,16 @@ def test_refused_in_one_line_before_anything_is_pushed(client, m, images, inline
             sources[PLATFORMS["linux/arm64"]] = images["linux/amd64"]
             expected = f"{images['linux/amd64']} is a linux/amd64 image, not linux/arm64; give the linux/arm64 image"
         elif case == "two commits":
+            # Built anew after its reports, as on an empty build cache: the commits are refused first.
             other = inline_build(
                 DOCKERFILE.format(revision="0" * 40),
-                "gemma4-e2b-test/multi:arm64-other-commit",
+                untagged("gemma4-e2b-test/multi:arm64-other-commit"),
                 files={"probe": "other\n"},
                 platform="linux/arm64",
             )
             sources[PLATFORMS["linux/arm64"]] = other
+            for name in ("sbom-xeon6-arm64.cdx.json", "provenance-xeon6-arm64.intoto.json"):
+                os.utime(folder / name, (time.time() - 3600,) * 2)  # seconds apart on a slow machine
             Report(target=TARGET, image=other, model="tiny", checks=[Check("ready")]).write(
                 folder / "smoke-xeon6-arm64.json"
             )
