@@ -122,7 +122,7 @@ def test_gaudi_vllm_is_the_cuda_packages_code(client, m):
     sources = {}
     with tarfile.open(archive) as tar:
         for member in tar.getmembers():
-            name = member.name.split("/", 1)[1]
+            name = member.name.partition("/")[2]  # below the archive's vllm-<V>/ folder
             if member.isfile() and name.startswith("vllm/") and name.endswith(".py"):
                 sources[name] = tar.extractfile(member).read()
     assert f"commit_id = 'g{stage1.vllm_commit}" in sources["vllm/_version.py"].decode()
