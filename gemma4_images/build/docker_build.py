@@ -8,6 +8,7 @@ import shlex
 import shutil
 import subprocess
 import tempfile
+import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,57 +138,87 @@ class BuildSpec:
 
 def build(client, spec: BuildSpec, log: Callable[[str], None], verbose: bool = False) -> str:
     """Build spec; returns the image id. On failure raises BuildFailed; nothing is tagged and
-    forcerm removes the failed step's container."""
-    stream = client.api.build(
-        path=str(spec.context),
-        dockerfile=spec.dockerfile,
-        tag=spec.tag,
-        buildargs=spec.buildargs,
-        network_mode="host",
-        rm=True,
-        forcerm=True,
-        nocache=spec.nocache,
-        pull=False,
-        decode=True,
-        platform=spec.platform,
-    )
+    forcerm removes the failed step's container. Stopped midway (a stop signal, Ctrl-C), it leaves
+    no image or container of its own either, and the exception goes on."""
+    responses = []  # the build's HTTP response: requests hands it to the session's response hooks
+
+    def keep(response, **kwargs):
+        responses.append(response)
+
+    client.api.hooks["response"].append(keep)
+    try:
+        stream = client.api.build(
+            path=str(spec.context),
+            dockerfile=spec.dockerfile,
+            tag=spec.tag,
+            buildargs=spec.buildargs,
+            network_mode="host",
+            rm=True,
+            forcerm=True,
+            nocache=spec.nocache,
+            pull=False,
+            decode=True,
+            platform=spec.platform,
+        )
+    finally:
+        client.api.hooks["response"].remove(keep)
     step, image_id, last_layer, tail = None, None, None, deque(maxlen=LOG_TAIL)
-    for chunk in stream:
-        if "error" in chunk:
-            _remove_dangling(client, last_layer)
-            raise BuildFailed(spec.tag, step, ANSI.sub("", chunk["error"]).strip(), list(tail))
-        if "aux" in chunk and "ID" in chunk["aux"]:
-            image_id = chunk["aux"]["ID"]
-        for line in ANSI.sub("", chunk.get("stream", "")).splitlines():
-            done = re.fullmatch(r"\s*---> ([0-9a-f]{12,})", line)
-            if done:
-                last_layer = done.group(1)
-            if line.startswith("Step "):
-                step = line
-                log(f"  {line}")
-                tail.clear()
-            elif line.strip():
-                tail.append(line)
-                if verbose or line.strip() == "---> Using cache":
-                    log(f"    {line.strip()}")
+    try:
+        for chunk in stream:
+            if "error" in chunk:
+                raise BuildFailed(spec.tag, step, ANSI.sub("", chunk["error"]).strip(), list(tail))
+            if "aux" in chunk and "ID" in chunk["aux"]:
+                image_id = chunk["aux"]["ID"]
+            for line in ANSI.sub("", chunk.get("stream", "")).splitlines():
+                done = re.fullmatch(r"\s*---> ([0-9a-f]{12,})", line)
+                if done:
+                    last_layer = done.group(1)
+                if line.startswith("Step "):
+                    step = line
+                    log(f"  {line}")
+                    tail.clear()
+                elif line.strip():
+                    tail.append(line)
+                    if verbose or line.strip() == "---> Using cache":
+                        log(f"    {line.strip()}")
+    except BaseException:
+        # A step failed (forcerm removed its container), or a stop signal or Ctrl-C came: the engine
+        # cancels a classic build when its client hangs up, then removes the running step's
+        # container (moby's builder runs it under the request's context), which until then holds
+        # the last finished step's image.
+        for response in responses:
+            response.close()
+        _remove_dangling(client, last_layer, wait_s=STOPPED_BUILD_WAIT_S)
+        raise
     if image_id is None:
         raise BuildFailed(spec.tag, step, "the engine reported no image id", list(tail))
     return image_id
 
 
-def _remove_dangling(client, image_id: str | None) -> None:
-    """After a failed build: the last step that did succeed left an untagged image with no children
-    (`<none>` in `docker images`); remove it and the untagged parents only it used. Steps shared
-    with other images stay, so their cache does too."""
+STOPPED_BUILD_WAIT_S = 60  # for the engine to remove a cancelled step's container
+
+
+def _remove_dangling(client, image_id: str | None, wait_s: float = 0) -> None:
+    """After a failed or stopped build: the last step that did succeed left an untagged image with
+    no children (`<none>` in `docker images`); remove it and the untagged parents only it used.
+    Steps shared with other images stay, so their cache does too. wait_s: how long to keep trying
+    while a container still uses it (409)."""
     if not image_id:
         return
-    try:
-        dangling = {i.id for i in client.images.list(filters={"dangling": True})}
-        full = client.images.get(image_id).id
-        if full in dangling:
-            client.images.remove(full, noprune=False)
-    except (APIError, ImageNotFound):
-        pass  # best effort: the build's own error is the one to report
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            dangling = {i.id for i in client.images.list(filters={"dangling": True})}
+            full = client.images.get(image_id).id
+            if full in dangling:
+                client.images.remove(full, noprune=False)
+            return
+        except ImageNotFound:
+            return
+        except APIError as e:
+            if e.status_code != 409 or time.monotonic() > deadline:
+                return  # best effort: the build's own error is the one to report
+            time.sleep(0.5)
 
 
 # BuildKit is reached through a docker CLI, since docker-py speaks only the classic builder: the one

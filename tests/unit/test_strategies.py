@@ -4,6 +4,11 @@ the images run), `build.py run --strategy` writes that environment, and every ba
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -133,3 +138,45 @@ def test_run_refuses_a_strategy_the_targets_recipe_does_not_allow():
     )
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.startswith("error: --strategy multi_node_tp is not available on gaudi2: the Gaudi 2 recipe (000)")
+
+
+# -- a node of a group runs vLLM as the entrypoint's child (image/gemma4_serve.py, supervise) -----
+
+# The entrypoint as the image runs it, its state files in a test folder instead of /tmp.
+ENTRYPOINT = """
+import sys
+from gemma4_images.spec.image_code import gemma4_serve as serve
+serve.PORT_FILE, serve.SERVED_FILE, serve.GROUP_FILE = sys.argv[1:]
+sys.exit(serve.main([]))
+"""
+
+
+def node_entrypoint(tmp_path, vllm: str) -> subprocess.Popen:
+    """The entrypoint of a headless node whose recipe's command is the shell script vllm."""
+    stub = tmp_path / "vllm"
+    stub.write_text(f"#!/bin/sh\n{vllm}\n")
+    stub.chmod(0o755)
+    recipe = tmp_path / "recipe.json"
+    recipe.write_text(json.dumps({**M.recipe("xeon6"), "command": [str(stub)]}))
+    env = {**os.environ, **NODE, "GEMMA4_NODE_RANK": "1", "GEMMA4_RECIPE": str(recipe), "GEMMA4_MODEL": "/m"}
+    files = [str(tmp_path / name) for name in ("port", "served", "group")]
+    return subprocess.Popen(
+        [sys.executable, "-c", ENTRYPOINT, *files], env=env, stderr=subprocess.PIPE, text=True, cwd=matrix.ROOT
+    )
+
+
+def test_a_node_whose_vllm_ends_unasked_exits_non_zero(tmp_path):
+    # vLLM's own exit 0 after its group broke (a leader after a failed request, a headless node whose
+    # worker died): a restart policy "on failure" must see a failure.
+    node = node_entrypoint(tmp_path, "exit 0")
+    assert node.wait(timeout=60) == 1
+    assert "gemma4-serve: vLLM exited (0) without being asked to stop" in node.stderr.read()
+
+
+def test_a_node_asked_to_stop_exits_as_vllm_does(tmp_path):
+    node = node_entrypoint(tmp_path, f"trap 'exit 0' TERM; touch {tmp_path}/up; while :; do sleep 0.1; done")
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "up").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    node.send_signal(signal.SIGTERM)  # `docker stop`: vLLM gets it and ends cleanly
+    assert node.wait(timeout=60) == 0, node.stderr.read()
