@@ -158,7 +158,10 @@ def node_entrypoint(tmp_path, vllm: str) -> subprocess.Popen:
     stub.chmod(0o755)
     recipe = tmp_path / "recipe.json"
     recipe.write_text(json.dumps({**M.recipe("xeon6"), "command": [str(stub)]}))
-    env = {**os.environ, **NODE, "GEMMA4_NODE_RANK": "1", "GEMMA4_RECIPE": str(recipe), "GEMMA4_MODEL": "/m"}
+    model = tmp_path / "model"  # a local model folder, as the entrypoint checks one before vLLM
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    env = {**os.environ, **NODE, "GEMMA4_NODE_RANK": "1", "GEMMA4_RECIPE": str(recipe), "GEMMA4_MODEL": str(model)}
     files = [str(tmp_path / name) for name in ("port", "served", "group")]
     return subprocess.Popen(
         [sys.executable, "-c", ENTRYPOINT, *files], env=env, stderr=subprocess.PIPE, text=True, cwd=matrix.ROOT
