@@ -24,17 +24,26 @@ def pod_cache_env(m) -> dict[str, str]:
     return env
 
 
-def starts(m, image: str, volume, envs: list[dict]) -> list[list[str]]:
-    """The start-up log of a server of image per env in envs, one after the other, on the same cache
-    volume."""
+# The flags of a Xeon 6 E-core (Sierra Forest): AVX2 with FMA and AVX-VNNI, no AVX-512, no AMX.
+E_CORE_CPUINFO = "processor\t: 0\nmodel name\t: an E-core\nflags\t\t: fpu sse4_2 avx fma avx2 avx_vnni\n"
+
+
+def starts(m, image: str, volume, cpuinfos: list[str | None]) -> list[list[str]]:
+    """The start-up log of a server of image per entry of cpuinfos, one after the other, on the same
+    cache volume; an entry is the /proc/cpuinfo that start sees (None: this machine's)."""
     env = pod_cache_env(m)
     volume.chmod(0o777)  # what fsGroup makes of the pod's volume for uid 2000
     logs = []
-    for extra in envs:
+    for i, cpuinfo in enumerate(cpuinfos):
+        fake = volume.parent / f"cpuinfo-{i}"
+        if cpuinfo:
+            fake.write_text(cpuinfo)
 
-        def on_volume(container, extra=extra):
+        def on_volume(container, cpuinfo=cpuinfo, fake=fake):
             container.with_volume_mapping(str(volume), env["VLLM_CACHE_ROOT"], "rw")
-            for key, value in {**env, **extra}.items():
+            if cpuinfo:  # what the entrypoint and inductor read of the CPU (vec ISA choice)
+                container.with_volume_mapping(str(fake), "/proc/cpuinfo", "ro")
+            for key, value in env.items():
                 container.with_env(key, value)
 
         # Nothing of this machine's own compile caches (keep_compiles): only the pod's volume.
@@ -48,11 +57,14 @@ def starts(m, image: str, volume, envs: list[dict]) -> list[list[str]]:
 
 
 def test_the_second_start_loads_what_the_first_compiled_into_the_volume(m, cpu_image, tmp_path):
-    """Then a start at another CPU capability (ATEN_CPU_CAPABILITY=avx2 stands for a Xeon 6 E-core
-    beside P-cores with AVX-512 and AMX) loads nothing the first compiled: its kernels are for
-    another instruction set (cpu_cache_env, image/gemma4_serve.py), so it compiles into a folder of
-    its own, and answers right."""
-    cold, warm, other = starts(m, cpu_image, tmp_path, [{}, {}, {"ATEN_CPU_CAPABILITY": "avx2"}])
+    """Then a start on a CPU of other instruction sets (an E-core's /proc/cpuinfo: AVX2, no AVX-512 or
+    AMX) loads nothing the first compiled: its kernels are for another instruction set
+    (cpu_cache_env, image/gemma4_serve.py), so it compiles into a folder of its own, and answers
+    right. (ATEN_CPU_CAPABILITY=avx2 cannot stand for it on an AMX host: vLLM still picks its AMX
+    kernels, which then refuse to run, "pack_vnni2 is only supported when avx512 is supported".)"""
+    volume = tmp_path / "cache"
+    volume.mkdir()
+    cold, warm, other = starts(m, cpu_image, volume, [None, None, E_CORE_CPUINFO])
     root = pod_cache_env(m)["VLLM_CACHE_ROOT"]
     saved = smoke.COMPILE_SAVED.findall("\n".join(cold))
     assert saved and all(path.startswith(root + "/cpu-") for path in saved)
@@ -61,10 +73,11 @@ def test_the_second_start_loads_what_the_first_compiled_into_the_volume(m, cpu_i
     assert smoke.COMPILE_LOAD_FAILED not in warm_text and not smoke.COMPILE_SAVED.search(warm_text)
     smoke.startup_log(warm)
     other_text = "\n".join(other)
-    assert not smoke.COMPILE_LOADED.search(other_text), "another CPU capability loaded the first's kernels"
+    assert not smoke.COMPILE_LOADED.search(other_text), "a CPU of other instruction sets loaded the first's kernels"
     again = smoke.COMPILE_SAVED.findall(other_text)
     folder = {p[len(root) :].split("/")[1] for p in saved}
     assert again and folder.isdisjoint(p[len(root) :].split("/")[1] for p in again), (saved, again)
+    assert all("-avx2-" in p for p in again), again
     smoke.startup_log(other)
 
 
