@@ -269,7 +269,7 @@ def strategy_args(recipe: dict, env: dict, model: str) -> list[str]:
             f"GEMMA4_MASTER_PORT={port!r} is not a port: give {PORTS[0]} to {PORTS[-1]} (default {DEFAULT_MASTER_PORT})"
         )
     tp = int(flag_value(recipe["args"], "--tensor-parallel-size") or 1) * nodes
-    heads = attention_heads(model)
+    heads = attention_heads(model, recipe)
     if heads and heads % tp:
         raise UsageError(
             f"tensor parallelism {tp} ({nodes} nodes) does not divide the model's {heads} attention heads; "
@@ -280,14 +280,15 @@ def strategy_args(recipe: dict, env: dict, model: str) -> list[str]:
     return args + (["--headless"] if rank else [])
 
 
-def attention_heads(model: str) -> int | None:
-    """The text model's attention heads, from a local model's config.json (None for a hub id: vLLM
-    checks the split itself when it starts)."""
+def attention_heads(model: str, recipe: dict) -> int | None:
+    """The text model's attention heads: a local model's config.json, the recipe's count for its own
+    model and variants, else None (another hub id: vLLM checks the split itself when it starts)."""
     try:
         with open(os.path.join(model, "config.json")) as f:
             config = json.load(f)
     except (OSError, ValueError):
-        return None
+        known = recipe.get("attention_heads") or {}
+        return known.get("count") if model in known.get("models", ()) else None
     return config.get("text_config", config).get("num_attention_heads")
 
 

@@ -9,6 +9,7 @@ import shlex
 import subprocess
 
 from gemma4_images.build.docker_build import DockerUnavailable
+from gemma4_images.spec.image_code import gemma4_serve
 from gemma4_images.spec.matrix import Matrix, MatrixError, Present, Run
 
 HF_CACHE = "/root/.cache/huggingface"
@@ -129,6 +130,15 @@ def check_strategy(matrix: Matrix, name: str, strategy: str, nodes: int | None) 
         raise MatrixError("multi_node_tp needs --nodes N, the nodes it spans (N >= 2)")
     if strategy == "multi_node_tp" and nodes < 2:
         raise MatrixError(f"--nodes {nodes}: multi_node_tp spans 2 nodes or more; give --nodes N (N >= 2)")
+    if strategy == "multi_node_tp":
+        heads = matrix.project.attention_heads
+        tp = int(gemma4_serve.flag_value(matrix.targets[name].serve.args, "--tensor-parallel-size") or 1) * nodes
+        if heads.count % tp:
+            fit = ", ".join(str(n) for n in range(2, heads.count + 1) if heads.count % n == 0)
+            raise MatrixError(
+                f"--nodes {nodes}: tensor parallelism {tp} does not divide {matrix.project.model}'s "
+                f"{heads.count} attention heads ({heads.source}); give --nodes {fit}"
+            )
     return strategy
 
 

@@ -40,6 +40,11 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class Heads(Strict):
+    count: int  # the text model's attention heads: tensor parallelism must divide them
+    source: str
+
+
 class Project(Strict):
     image: str
     model: str
@@ -49,6 +54,7 @@ class Project(Strict):
     source: str
     port: int
     checkpoint_gb: float  # the model's weights as published, in GB (10^9 bytes)
+    attention_heads: Heads
 
 
 class Variant(Strict):
@@ -504,6 +510,11 @@ class Matrix(Strict):
             "command": ["vllm", "serve"],
             "model": self.project.model,
             "architecture": self.project.architecture,
+            # The recipe's model and its variants are E2B: their heads, for a split asked of a hub id.
+            "attention_heads": {
+                "count": self.project.attention_heads.count,
+                "models": [self.project.model, *(v["model"] for v in variants.values() if v["model"])],
+            },
             "model_arg": t.serve.model_arg,
             "args": t.serve.args,
             "default_features": t.serve.default_features,

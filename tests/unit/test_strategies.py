@@ -183,3 +183,36 @@ def test_a_node_asked_to_stop_exits_as_vllm_does(tmp_path):
         time.sleep(0.1)
     node.send_signal(signal.SIGTERM)  # `docker stop`: vLLM gets it and ends cleanly
     assert node.wait(timeout=60) == 0, node.stderr.read()
+
+
+@pytest.mark.parametrize("command", ["run", "k8s"])
+@pytest.mark.parametrize("nodes", [3, 5, 6, 7, 16])
+def test_a_split_e2bs_heads_do_not_allow_is_refused_before_anything_is_printed(command, nodes):
+    """E2B has 8 attention heads (targets.yaml project.attention_heads, with its source): tensor
+    parallelism over 2, 4 or 8 nodes splits them, any other count is one line naming the count,
+    the heads and where the figure comes from, and nothing on stdout."""
+    args = ["--strategy", "multi_node_tp", "--nodes", str(nodes)]
+    if command == "run":
+        args += ["--node-rank", "0", "--master-addr", "10.0.0.5", "--print"]
+    r = build_py(command, "h100", *args)
+    assert (r.returncode, r.stdout) == (2, ""), r.stderr
+    (line,) = r.stderr.splitlines()
+    assert f"tensor parallelism {nodes} does not divide google/gemma-4-E2B-it's 8 attention heads" in line
+    assert "text_config.num_attention_heads" in line and line.endswith("give --nodes 2, 4, 8")
+
+
+@pytest.mark.parametrize("nodes", [2, 4, 8])
+def test_the_splits_e2b_allows_render(nodes):
+    r = build_py("k8s", "h100", "--strategy", "multi_node_tp", "--nodes", str(nodes))
+    assert r.returncode == 0, r.stderr
+
+
+def test_the_entrypoint_knows_the_heads_of_the_recipes_hub_models():
+    """A hub id has no config.json in the container: for the recipe's own model and its variants the
+    entrypoint holds the split to the recipe's head count, as the host does; other hub ids are vLLM's."""
+    env = {**NODE, "GEMMA4_NODES": "3", "GEMMA4_NODE_RANK": "0"}
+    with pytest.raises(serve.UsageError, match="does not divide the model's 8 attention heads"):
+        serve.compose(M.recipe("h100"), env, [])
+    with pytest.raises(serve.UsageError, match="does not divide the model's 8 attention heads"):
+        serve.compose(M.recipe("h100"), {**env, "GEMMA4_VARIANT": "fp8"}, [])
+    assert "--tensor-parallel-size" in serve.compose(M.recipe("h100"), {**env, "GEMMA4_MODEL": "other/model"}, [])
