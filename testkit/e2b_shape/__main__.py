@@ -4,29 +4,29 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from . import cache, folder
 
 
-def main(argv: list[str] | None = None) -> int:
+def summary(out_dir: Path | None, seed: int) -> dict:
+    if out_dir:
+        return cache.write_whole(out_dir, seed) | {"out_dir": str(out_dir)}
+    out = cache.ensure(seed)
+    return json.loads((out / folder.SUMMARY).read_text()) | {"out_dir": str(out)}
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Random weights of E2B's shape (not Gemma 4), about 10.2 GB.")
     parser.add_argument("out_dir", nargs="?", type=Path, help="where to write; default: the machine cache")
     parser.add_argument("--seed", type=int, default=cache.SEED)
     args = parser.parse_args(argv)
     try:
-        if args.out_dir:
-            summary = cache.write_whole(args.out_dir, args.seed) | {"out_dir": str(args.out_dir)}
-        else:
-            out = cache.ensure(args.seed)
-            summary = json.loads((out / folder.SUMMARY).read_text()) | {"out_dir": str(out)}
+        print(json.dumps(summary(args.out_dir, args.seed), indent=2))
     except cache.NotEnoughRoom as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    print(json.dumps(summary, indent=2))
-    return 0
+        # SystemExit with a message: printed on stderr as one line, exit status 1.
+        raise SystemExit(f"error: {error}") from None
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main()

@@ -206,15 +206,15 @@ def test_transformers_reads_the_tokenizer_files(tmp_path):
     assert tok.decode([258880, 100]) == "<|image|><|channel>"
 
 
-def test_short_disk_is_one_line_and_nothing_is_written(tmp_path, monkeypatch, capsys):
-    """The command stops before writing anything, naming what it needs and what is free."""
+def test_short_disk_is_one_line_and_nothing_is_written(tmp_path, monkeypatch):
+    """The command stops before writing anything, exit status 1, one line naming what it needs and what is free."""
     from testkit.e2b_shape.__main__ import main
 
     monkeypatch.setattr(e2b_cache, "DISK_MARGIN", 10**18)  # more than any disk: the disk is short
     monkeypatch.setattr(folder, "write", never_write)
-    assert main([str(tmp_path / "out")]) == 1
-    err = capsys.readouterr().err.strip()
-    assert "\n" not in err and re.fullmatch(r"error: .* need \d+\.\d GB of free disk in .*; \d+\.\d GB free", err)
+    with pytest.raises(SystemExit) as stopped:
+        main([str(tmp_path / "out")])
+    assert re.fullmatch(r"error: .* need \d+\.\d GB of free disk in \S+; \d+\.\d GB free", stopped.value.code)
     assert list(tmp_path.iterdir()) == []
 
 
