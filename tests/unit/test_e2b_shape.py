@@ -246,6 +246,22 @@ def test_ensure_removes_a_dead_writers_folder_and_older_ones(tmp_path, monkeypat
     assert sorted(p.name for p in tmp_path.iterdir()) == [".e2b-shape.lock", other_seed.name]
 
 
+def test_folder_name_follows_every_input_of_the_content(tmp_path, monkeypatch):
+    """Another seed, other facts or other generator code name another folder; the command's code does not."""
+    import shutil
+
+    copy = tmp_path / "e2b_shape"
+    shutil.copytree(e2b_cache.PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(e2b_cache, "PACKAGE", copy)
+    key = e2b_cache.made_from(0)
+    assert e2b_cache.made_from(1) != key
+    for name, changes_content in [("__main__.py", False), ("cache.py", False), ("e2b.json", True), ("shards.py", True)]:
+        original = (copy / name).read_bytes()
+        (copy / name).write_bytes(original + b"\n")
+        assert (e2b_cache.made_from(0) != key) == changes_content, name
+        (copy / name).write_bytes(original)
+
+
 @pytest.mark.fullsize
 def test_the_written_folder_is_whole():
     """The cached folder (written here if missing, ~40 s, 10.2 GB): every tensor of the meta model in the
