@@ -1,7 +1,7 @@
 # gemma4-images: `make` lists what it can do. Every target sets up what it needs first.
 HW ?= cpu
 PY := .venv/bin/python
-PYTEST_ARGS ?= -m "not device and not platform"
+PYTEST_ARGS ?= -m "not device and not platform and not fullsize"
 # Two lanes at once (pytest-xdist, tests/lanes.py): one builds, one serves the images both share; unit tests fill
 # both. LANES=0 runs everything in this process, one test at a time.
 LANES ?= 2
@@ -72,7 +72,7 @@ test: host ## Run the test suite (unit + integration with a real Docker engine),
 # The unit tests that are quick: no Docker, no accelerator, none marked slow (pytest.ini). The
 # real-wheel checks download their wheels once per machine, then take seconds.
 test-fast: host ## The quick unit tests, for edit-test loops (no Docker; ~1 min)
-	$(PY) -m pytest -m "not integration and not device and not slow" tests/unit
+	$(PY) -m pytest -m "not integration and not device and not slow and not fullsize" tests/unit
 
 # The linux/arm64 tier: the arm64 CPU stand-in, the xeon6 image and its smoke, under qemu. Too slow
 # for every CI run: CI runs it when what it proves changed (tests/platform_tier.py); on a pass it

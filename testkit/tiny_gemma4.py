@@ -158,12 +158,13 @@ def _text_vocab() -> tuple[dict[str, int], list[tuple[str, str]]]:
     return vocab, merges
 
 
-def build_tokenizer():
-    """The backend tokenizer, laid out like GemmaTokenizer rebuilds it on load."""
+def build_tokenizer(vocab_and_merges=None, control_ids=CONTROL_IDS):
+    """The backend tokenizer, laid out like GemmaTokenizer rebuilds it on load: the tiny vocabulary
+    unless another (testkit.e2b_shape's full-size one) is given with its control tokens."""
     from tokenizers import AddedToken, Tokenizer, decoders, normalizers, pre_tokenizers, processors
     from tokenizers.models import BPE
 
-    vocab, merges = _text_vocab()
+    vocab, merges = vocab_and_merges or _text_vocab()
     tok = Tokenizer(BPE(vocab=vocab, merges=merges, unk_token="<unk>", fuse_unk=True, byte_fallback=True))
     # Same normalizer/pre-tokenizer/decoder as transformers' GemmaTokenizer, which replaces
     # whatever tokenizer.json says with these when tokenizer_class is GemmaTokenizer.
@@ -173,7 +174,7 @@ def build_tokenizer():
     # THE FLAW, as shipped by the instruct repo: a post-processor that adds nothing, so
     # encode("hi") has no <bos>. patches/gemma4-bos-tokenizer exists to fix exactly this.
     tok.post_processor = processors.TemplateProcessing(single="$A:0", pair="$A:0 $B:1", special_tokens=[])
-    specials = sorted((i, t) for t, i in vocab.items() if t in CONTROL_IDS or t.startswith("<unused"))
+    specials = sorted((i, t) for t, i in vocab.items() if t in control_ids or t.startswith("<unused"))
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for _, t in specials])
     return tok
 
@@ -331,7 +332,21 @@ def write_tiny_gemma4(out_dir: str | Path, seed: int = 0) -> dict:
     )
     model.save_pretrained(out, safe_serialization=True)
 
-    build_tokenizer().save(str(out / "tokenizer.json"))
+    write_tokenizer_files(out, build_tokenizer())
+
+    return {
+        "out_dir": str(out),
+        "seed": seed,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "dtype": "bfloat16",
+        "bytes": sum(f.stat().st_size for f in out.iterdir() if f.is_file()),
+        "seconds": round(time.monotonic() - start, 2),
+    }
+
+
+def write_tokenizer_files(out: Path, tokenizer) -> None:
+    """tokenizer.json, its configuration, the chat template and processor_config.json in out."""
+    tokenizer.save(str(out / "tokenizer.json"))
     config = tokenizer_config()
     _write_json(out / "tokenizer_config.json", config)
     _write_json(
@@ -343,15 +358,6 @@ def write_tiny_gemma4(out_dir: str | Path, seed: int = 0) -> dict:
     # tokenizer_config key. Both come from the one constant.
     (out / "chat_template.jinja").write_text(CHAT_TEMPLATE, encoding="utf-8")
     _write_json(out / "processor_config.json", processor_config())
-
-    return {
-        "out_dir": str(out),
-        "seed": seed,
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "dtype": "bfloat16",
-        "bytes": sum(f.stat().st_size for f in out.iterdir() if f.is_file()),
-        "seconds": round(time.monotonic() - start, 2),
-    }
 
 
 def _write_json(path: Path, data: dict) -> None:
