@@ -28,11 +28,17 @@ class NotEnoughRoom(RuntimeError):
     """Free disk or available memory is short of what writing the folder needs."""
 
 
+# The command and this module decide where the folder goes and what room it needs, not what it holds:
+# editing them must not make the next ensure() write 10 GB again.
+NOT_CONTENT = ("__main__.py", "cache.py")
+
+
 def made_from(seed: int = SEED) -> str:
-    """A hash of every input: the facts, this package's code, the tokenizer code it reuses, the seed and the
+    """A hash of every input: the facts, this package's generating code, the tokenizer code it reuses, the seed and the
     versions of the libraries whose random generator and file formats the values depend on."""
     h = hashlib.sha256(f"seed={seed}\0".encode())
-    for path in sorted(PACKAGE.glob("*.py")) + [PACKAGE / "e2b.json", Path(tiny_gemma4.__file__)]:
+    content = [p for p in sorted(PACKAGE.glob("*.py")) if p.name not in NOT_CONTENT]
+    for path in content + [PACKAGE / "e2b.json", Path(tiny_gemma4.__file__)]:
         h.update(path.name.encode() + b"\0" + path.read_bytes())
     for dist in ("torch", "transformers", "tokenizers"):
         h.update(f"{dist}={importlib.metadata.version(dist)}\0".encode())
