@@ -140,7 +140,7 @@ target "gemma4-e2b-h100" {
     GEMMA4_TARGET        = "h100"
     GEMMA4_MODEL_ID      = "google/gemma-4-E2B-it"
     GEMMA4_VLLM_VERSION  = "0.30.0"
-    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,cpu-embedding-gemm-on-use,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     GEMMA4_BOS_COPY_OF   = ""
   }
   labels = {
@@ -154,7 +154,7 @@ target "gemma4-e2b-h100" {
     "io.gemma4-images.target"              = "h100"
     "io.gemma4-images.model"               = "google/gemma-4-E2B-it"
     "io.gemma4-images.vllm-version"        = "0.30.0"
-    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,cpu-embedding-gemm-on-use,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     "io.gemma4-images.tokenizer"           = ""
   }
 }
@@ -179,7 +179,7 @@ target "gemma4-e2b-h200" {
     GEMMA4_TARGET        = "h200"
     GEMMA4_MODEL_ID      = "google/gemma-4-E2B-it"
     GEMMA4_VLLM_VERSION  = "0.30.0"
-    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,cpu-embedding-gemm-on-use,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     GEMMA4_BOS_COPY_OF   = ""
   }
   labels = {
@@ -193,7 +193,7 @@ target "gemma4-e2b-h200" {
     "io.gemma4-images.target"              = "h200"
     "io.gemma4-images.model"               = "google/gemma-4-E2B-it"
     "io.gemma4-images.vllm-version"        = "0.30.0"
-    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,cpu-embedding-gemm-on-use,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     "io.gemma4-images.tokenizer"           = ""
   }
 }
@@ -218,7 +218,7 @@ target "gemma4-e2b-b200" {
     GEMMA4_TARGET        = "b200"
     GEMMA4_MODEL_ID      = "google/gemma-4-E2B-it"
     GEMMA4_VLLM_VERSION  = "0.30.0"
-    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,cpu-embedding-gemm-on-use,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     GEMMA4_BOS_COPY_OF   = ""
   }
   labels = {
@@ -232,7 +232,7 @@ target "gemma4-e2b-b200" {
     "io.gemma4-images.target"              = "b200"
     "io.gemma4-images.model"               = "google/gemma-4-E2B-it"
     "io.gemma4-images.vllm-version"        = "0.30.0"
-    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,cpu-embedding-gemm-on-use,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     "io.gemma4-images.tokenizer"           = ""
   }
 }
@@ -257,7 +257,7 @@ target "gemma4-e2b-b300" {
     GEMMA4_TARGET        = "b300"
     GEMMA4_MODEL_ID      = "google/gemma-4-E2B-it"
     GEMMA4_VLLM_VERSION  = "0.30.0"
-    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,cpu-embedding-gemm-on-use,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     GEMMA4_BOS_COPY_OF   = ""
   }
   labels = {
@@ -271,7 +271,7 @@ target "gemma4-e2b-b300" {
     "io.gemma4-images.target"              = "b300"
     "io.gemma4-images.model"               = "google/gemma-4-E2B-it"
     "io.gemma4-images.vllm-version"        = "0.30.0"
-    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,cpu-embedding-gemm-on-use,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     "io.gemma4-images.tokenizer"           = ""
   }
 }
@@ -296,7 +296,7 @@ target "gemma4-e2b-mi300x" {
     GEMMA4_TARGET        = "mi300x"
     GEMMA4_MODEL_ID      = "google/gemma-4-E2B-it"
     GEMMA4_VLLM_VERSION  = "0.30.0"
-    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,cpu-embedding-gemm-on-use,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     GEMMA4_BOS_COPY_OF   = ""
   }
   labels = {
@@ -310,7 +310,7 @@ target "gemma4-e2b-mi300x" {
     "io.gemma4-images.target"              = "mi300x"
     "io.gemma4-images.model"               = "google/gemma-4-E2B-it"
     "io.gemma4-images.vllm-version"        = "0.30.0"
-    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,cpu-embedding-gemm-on-use,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     "io.gemma4-images.tokenizer"           = ""
   }
 }
@@ -335,7 +335,7 @@ target "gemma4-e2b-mi325x" {
     GEMMA4_TARGET        = "mi325x"
     GEMMA4_MODEL_ID      = "google/gemma-4-E2B-it"
     GEMMA4_VLLM_VERSION  = "0.30.0"
-    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,cpu-embedding-gemm-on-use,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     GEMMA4_BOS_COPY_OF   = ""
   }
   labels = {
@@ -349,7 +349,7 @@ target "gemma4-e2b-mi325x" {
     "io.gemma4-images.target"              = "mi325x"
     "io.gemma4-images.model"               = "google/gemma-4-E2B-it"
     "io.gemma4-images.vllm-version"        = "0.30.0"
-    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,cpu-embedding-gemm-on-use,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     "io.gemma4-images.tokenizer"           = ""
   }
 }
@@ -374,7 +374,7 @@ target "gemma4-e2b-mi350x" {
     GEMMA4_TARGET        = "mi350x"
     GEMMA4_MODEL_ID      = "google/gemma-4-E2B-it"
     GEMMA4_VLLM_VERSION  = "0.30.0"
-    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,cpu-embedding-gemm-on-use,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     GEMMA4_BOS_COPY_OF   = ""
   }
   labels = {
@@ -388,7 +388,7 @@ target "gemma4-e2b-mi350x" {
     "io.gemma4-images.target"              = "mi350x"
     "io.gemma4-images.model"               = "google/gemma-4-E2B-it"
     "io.gemma4-images.vllm-version"        = "0.30.0"
-    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,cpu-embedding-gemm-on-use,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     "io.gemma4-images.tokenizer"           = ""
   }
 }
@@ -413,7 +413,7 @@ target "gemma4-e2b-mi355x" {
     GEMMA4_TARGET        = "mi355x"
     GEMMA4_MODEL_ID      = "google/gemma-4-E2B-it"
     GEMMA4_VLLM_VERSION  = "0.30.0"
-    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,cpu-embedding-gemm-on-use,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     GEMMA4_BOS_COPY_OF   = ""
   }
   labels = {
@@ -427,7 +427,7 @@ target "gemma4-e2b-mi355x" {
     "io.gemma4-images.target"              = "mi355x"
     "io.gemma4-images.model"               = "google/gemma-4-E2B-it"
     "io.gemma4-images.vllm-version"        = "0.30.0"
-    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,cpu-embedding-gemm-on-use,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     "io.gemma4-images.tokenizer"           = ""
   }
 }
@@ -452,7 +452,7 @@ target "gemma4-e2b-xeon6" {
     GEMMA4_TARGET        = "xeon6"
     GEMMA4_MODEL_ID      = "google/gemma-4-E2B-it"
     GEMMA4_VLLM_VERSION  = "0.30.0"
-    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,cpu-embedding-gemm-on-use,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     GEMMA4_BOS_COPY_OF   = "google/gemma-4-E2B-it"
   }
   labels = {
@@ -466,7 +466,7 @@ target "gemma4-e2b-xeon6" {
     "io.gemma4-images.target"              = "xeon6"
     "io.gemma4-images.model"               = "google/gemma-4-E2B-it"
     "io.gemma4-images.vllm-version"        = "0.30.0"
-    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,cpu-embedding-gemm-on-use,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     "io.gemma4-images.tokenizer"           = "google/gemma-4-E2B-it"
   }
 }

@@ -157,6 +157,24 @@ def compile_cache(o: dict) -> list[str]:
     return found
 
 
+def embedding(o: dict) -> list[str]:
+    """cpu-embedding-gemm-on-use: a lookup-only embedding holds no packed copy of its table; the LM
+    head still multiplies as torch's linear does."""
+    if o.get("platform") != "cpu":
+        raise NotHere(f"vLLM's platform here is {o.get('platform')!r}: the packing is the CPU platform's")
+    found = []
+    if o["packed_at_load"]["table"] or o["packed_after_use"]["table"]:
+        found.append("a lookup-only table was packed for a matrix product: a second copy of it")
+    if not o["lookup_equal"]:
+        found.append("a lookup gives other rows than torch's embedding")
+    logits = o["logits"]
+    if "error" in logits:
+        found.append(f"the LM head failed: {logits['error']}: {logits['message']}")
+    elif logits["max_abs_diff"] > TOLERANCE * max(1.0, logits["max_abs"]):
+        found.append(f"the LM head's logits are off by {logits['max_abs_diff']}")
+    return found
+
+
 def shutdown(o: dict) -> list[str]:
     """shutdown-ends-requests: SIGTERM with a request waiting for an engine whose aborts never
     arrive ends that request with a 503, and the server ends."""
@@ -176,6 +194,7 @@ VERDICTS = {
     "shutdown-ends-requests": ("shutdown", shutdown),
     "cpu-onednn-strided-input": ("onednn", onednn),
     "cpu-compile-cache-load": ("compile_cache", compile_cache),
+    "cpu-embedding-gemm-on-use": ("embedding", embedding),
     "gemma4-required-tool-grammar": ("grammar", grammar),
     "gemma4-buffered-tool-args": ("tool_args", tool_args),
 }

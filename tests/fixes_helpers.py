@@ -55,6 +55,7 @@ FILES = [
     "vllm/tool_parsers/gemma4_engine_tool_parser.py",
     "vllm/_custom_ops.py",
     "vllm/compilation/decorators.py",
+    "vllm/model_executor/layers/vocab_parallel_embedding.py",
 ]
 INVALID_TOKEN_TEXT = "<invalid_token_id>"  # what logprobs-decode-guard writes for a bad id
 GEMMA_EOS_IDS = [1, 106]  # <eos>, <turn|>: the stop tokens of Gemma 4 (and of the tiny model)
@@ -318,6 +319,7 @@ def probe(out_path: str, only: str | None = None) -> None:
         "grammar": probe_grammar,
         "onednn": probe_onednn,
         "compile_cache": probe_compile_cache,
+        "embedding": probe_embedding,
         "shutdown": probe_shutdown,  # last: it sends this process SIGTERM
     }
     for name, func in probes.items():
@@ -464,6 +466,44 @@ def probe_compile_cache(tok) -> dict:
     if loaded is not None:
         with torch.no_grad():
             out["max_abs_diff"] = float((loaded(model, x) - model(x)).abs().max())
+    return out
+
+
+# ---------------------------------------------------------------- cpu-embedding-gemm-on-use
+def probe_embedding(tok) -> dict:
+    """vLLM's own embedding method (UnquantizedEmbeddingMethod) on a lookup-only table and an LM head
+    tied to another table, as Gemma 4 ties its head to embed_tokens: process_weights_after_loading
+    as loading runs it, then a lookup and the head's logits. Recorded: which layers hold a packed
+    copy (cpu_linear) after loading and after use, the lookup against torch's embedding and the
+    logits against torch's linear."""
+    import torch
+    import torch.nn.functional as F
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():  # the fix's branch: the CPU platform's packing
+        return {"platform": current_platform.device_type or type(current_platform).__name__}
+    current_platform.import_kernels()
+    method = UnquantizedEmbeddingMethod()
+    torch.manual_seed(0)
+    layers = {}
+    for name in ("table", "head"):  # what VocabParallelEmbedding registers: a [vocab, hidden] weight
+        layers[name] = torch.nn.Module()
+        layers[name].weight = torch.nn.Parameter(torch.randn(512, 64, dtype=torch.bfloat16), requires_grad=False)
+        method.process_weights_after_loading(layers[name])
+    out: dict = {"platform": "cpu", "packed_at_load": {n: hasattr(m, "cpu_linear") for n, m in layers.items()}}
+    ids = torch.tensor([0, 5, 511])
+    out["lookup_equal"] = bool(
+        torch.equal(method.embedding(layers["table"], ids), F.embedding(ids, layers["table"].weight))
+    )
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    want = F.linear(x.float(), layers["head"].weight.float())
+    try:
+        got = method.apply(layers["head"], x)
+        out["logits"] = {"max_abs_diff": float((got.float() - want).abs().max()), "max_abs": float(want.abs().max())}
+    except Exception as e:
+        out["logits"] = _error(e)
+    out["packed_after_use"] = {n: hasattr(m, "cpu_linear") for n, m in layers.items()}
     return out
 
 
