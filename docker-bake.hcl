@@ -569,7 +569,7 @@ target "gemma4-e2b-xeon6-v0_32_0" {
     GEMMA4_TARGET        = "xeon6"
     GEMMA4_MODEL_ID      = "google/gemma-4-E2B-it"
     GEMMA4_VLLM_VERSION  = "0.32.0"
-    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,cpu-embedding-gemm-on-use,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     GEMMA4_BOS_COPY_OF   = "google/gemma-4-E2B-it"
   }
   labels = {
@@ -583,7 +583,7 @@ target "gemma4-e2b-xeon6-v0_32_0" {
     "io.gemma4-images.target"              = "xeon6"
     "io.gemma4-images.model"               = "google/gemma-4-E2B-it"
     "io.gemma4-images.vllm-version"        = "0.32.0"
-    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,cpu-embedding-gemm-on-use,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     "io.gemma4-images.tokenizer"           = "google/gemma-4-E2B-it"
   }
 }
@@ -608,7 +608,7 @@ target "gemma4-e2b-h100-v0_32_0" {
     GEMMA4_TARGET        = "h100"
     GEMMA4_MODEL_ID      = "google/gemma-4-E2B-it"
     GEMMA4_VLLM_VERSION  = "0.32.0"
-    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,cpu-embedding-gemm-on-use,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     GEMMA4_BOS_COPY_OF   = ""
   }
   labels = {
@@ -622,7 +622,7 @@ target "gemma4-e2b-h100-v0_32_0" {
     "io.gemma4-images.target"              = "h100"
     "io.gemma4-images.model"               = "google/gemma-4-E2B-it"
     "io.gemma4-images.vllm-version"        = "0.32.0"
-    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,cpu-embedding-gemm-on-use,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     "io.gemma4-images.tokenizer"           = ""
   }
 }
@@ -647,7 +647,7 @@ target "gemma4-e2b-h200-v0_32_0" {
     GEMMA4_TARGET        = "h200"
     GEMMA4_MODEL_ID      = "google/gemma-4-E2B-it"
     GEMMA4_VLLM_VERSION  = "0.32.0"
-    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,cpu-embedding-gemm-on-use,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     GEMMA4_BOS_COPY_OF   = ""
   }
   labels = {
@@ -661,7 +661,7 @@ target "gemma4-e2b-h200-v0_32_0" {
     "io.gemma4-images.target"              = "h200"
     "io.gemma4-images.model"               = "google/gemma-4-E2B-it"
     "io.gemma4-images.vllm-version"        = "0.32.0"
-    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,cpu-embedding-gemm-on-use,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     "io.gemma4-images.tokenizer"           = ""
   }
 }
@@ -686,7 +686,7 @@ target "gemma4-e2b-b200-v0_32_0" {
     GEMMA4_TARGET        = "b200"
     GEMMA4_MODEL_ID      = "google/gemma-4-E2B-it"
     GEMMA4_VLLM_VERSION  = "0.32.0"
-    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,cpu-embedding-gemm-on-use,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     GEMMA4_BOS_COPY_OF   = ""
   }
   labels = {
@@ -700,7 +700,7 @@ target "gemma4-e2b-b200-v0_32_0" {
     "io.gemma4-images.target"              = "b200"
     "io.gemma4-images.model"               = "google/gemma-4-E2B-it"
     "io.gemma4-images.vllm-version"        = "0.32.0"
-    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,cpu-embedding-gemm-on-use,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     "io.gemma4-images.tokenizer"           = ""
   }
 }
@@ -725,7 +725,7 @@ target "gemma4-e2b-b300-v0_32_0" {
     GEMMA4_TARGET        = "b300"
     GEMMA4_MODEL_ID      = "google/gemma-4-E2B-it"
     GEMMA4_VLLM_VERSION  = "0.32.0"
-    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,cpu-embedding-gemm-on-use,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     GEMMA4_BOS_COPY_OF   = ""
   }
   labels = {
@@ -739,7 +739,7 @@ target "gemma4-e2b-b300-v0_32_0" {
     "io.gemma4-images.target"              = "b300"
     "io.gemma4-images.model"               = "google/gemma-4-E2B-it"
     "io.gemma4-images.vllm-version"        = "0.32.0"
-    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,cpu-onednn-strided-input,cpu-compile-cache-load,cpu-embedding-gemm-on-use,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     "io.gemma4-images.tokenizer"           = ""
   }
 }

@@ -447,12 +447,14 @@ def test_real_profiles_match_the_recipe(env):
     assert gaudi["opt_in"] == ["gemma4-required-tool-grammar", "gemma4-buffered-tool-args", "gemma4-fast-prefill"]
     cpu = module.load_profile(str(PATCHES), "vllm-0.30.0")
     assert cpu["requires"] == {"vllm": {"version": "0.30.0", "commit": "ced6857a"}}
-    # The recipe's two vLLM fixes, and one found here (an audio request on a oneDNN CPU build).
+    # The recipe's two vLLM fixes, and the CPU ones found here (an audio request on a oneDNN or AMX
+    # CPU build, a compile cache never loaded back, every embedding table held twice).
     assert cpu["generic"] == [
         "logprobs-decode-guard",
         "shutdown-ends-requests",
         "cpu-onednn-strided-input",
         "cpu-compile-cache-load",
+        "cpu-embedding-gemm-on-use",
     ]
     assert cpu["opt_in"] == ["gemma4-required-tool-grammar", "gemma4-buffered-tool-args"]
 
