@@ -1,22 +1,33 @@
-"""CI runs the linux/arm64 tier when its inputs changed since the committed record: the record
-follows the inputs' contents, and a change to any of them makes it stale."""
+"""CI runs the linux/arm64 and full-size tiers when their inputs changed since the committed record:
+the record follows the inputs' contents, and a change to any of them makes it stale."""
 
+import dataclasses
 import shutil
 
-from tests import platform_tier
+import pytest
+
+from tests import fullsize_tier, platform_tier
 
 
-def test_the_record_is_current_only_for_the_inputs_it_was_written_for(monkeypatch, tmp_path):
-    for rel in platform_tier.INPUTS:
-        src, dst = platform_tier.ROOT / rel, tmp_path / rel
+@pytest.mark.parametrize(
+    "tier, changed",
+    [(platform_tier.TIER, "requirements/arm64/cpu-base.lock"), (fullsize_tier.TIER, "testkit/e2b_shape/e2b.json")],
+    ids=["arm64", "fullsize"],
+)
+def test_the_record_is_current_only_for_the_inputs_it_was_written_for(tmp_path, tier, changed):
+    for rel in tier.inputs:
+        src, dst = tier.root / rel, tmp_path / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         (shutil.copytree if src.is_dir() else shutil.copy)(src, dst)
-    monkeypatch.setattr(platform_tier, "ROOT", tmp_path)
-    monkeypatch.setattr(platform_tier, "RECORD", tmp_path / "record.json")
-    monkeypatch.setattr(platform_tier, "FIGURES", tmp_path / "figures.json")
-    assert not platform_tier.current()  # no record yet
-    platform_tier.record()
-    assert platform_tier.current()
-    lock = tmp_path / "requirements" / "arm64" / "cpu-base.lock"
-    lock.write_text(lock.read_text() + "\n")
-    assert not platform_tier.current(), "a changed arm64 lock must send CI through the tier again"
+    tier = dataclasses.replace(
+        tier,
+        root=tmp_path,
+        record_path=tmp_path / "record.json",
+        figures_path=tmp_path / "figures.json",
+        after_record=lambda data: None,
+    )
+    assert not tier.current()  # no record yet
+    tier.record()
+    assert tier.current()
+    (tmp_path / changed).write_text((tmp_path / changed).read_text() + "\n")
+    assert not tier.current(), f"a changed {changed} must send CI through the {tier.name} tier again"

@@ -1,0 +1,77 @@
+"""A test tier CI runs only when what it proves has changed since it last passed (the arm64 tier
+under qemu, the full-size tier): its inputs' digest is kept in a committed record with the figures
+the tier wrote, and `--current` compares it with the inputs now.
+
+    python -m tests.<tier> --current   exit 0 if the record matches the inputs, else 1 naming the tier
+    python -m tests.<tier> --record    write the record for the inputs now (after the tier passed)
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Tier:
+    name: str  # as the messages say it
+    record_path: Path  # committed: the inputs' digest as of the last pass, and its figures
+    figures_path: Path  # what the tier's tests wrote during the pass
+    inputs: list[str]  # files and folders below root whose bytes the tier depends on
+    facts: Callable[[], dict] = dict  # the parts of targets.yaml it depends on
+    after_record: Callable[[dict], None] = lambda data: None
+    root: Path = ROOT
+
+    def digest(self) -> str:
+        h = hashlib.sha256()
+        for rel in self.inputs:
+            path = self.root / rel
+            for f in sorted([path] if path.is_file() else path.rglob("*")):
+                if f.is_file():
+                    h.update(str(f.relative_to(self.root)).encode() + b"\0" + f.read_bytes() + b"\0")
+        h.update(json.dumps(self.facts(), sort_keys=True).encode())
+        return h.hexdigest()
+
+    def current(self) -> bool:
+        try:
+            return json.loads(self.record_path.read_text())["inputs"] == self.digest()
+        except (OSError, ValueError, KeyError):
+            return False
+
+    def record(self) -> dict:
+        git = ["git", "-C", str(self.root)]
+        commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        # The digest is what counts; the commit says where, "-dirty" when the tree had changes
+        # (record again once they are committed: the digest stays the same).
+        dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+        data = {
+            "inputs": self.digest(),
+            "passed_at_commit": commit + ("-dirty" if dirty.stdout.strip() else ""),
+            "figures": json.loads(self.figures_path.read_text()) if self.figures_path.is_file() else {},
+        }
+        self.record_path.write_text(json.dumps(data, indent=1) + "\n")
+        self.after_record(data)
+        return data
+
+    def main(self, argv=None) -> int:
+        parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        group = parser.add_mutually_exclusive_group(required=True)
+        group.add_argument("--current", action="store_true")
+        group.add_argument("--record", action="store_true")
+        args = parser.parse_args(argv)
+        shown = self.record_path.relative_to(self.root)
+        if args.record:
+            print(f"wrote {shown}: {self.record()['figures']}")
+            return 0
+        if self.current():
+            print(f"the {self.name} tier passed on these inputs ({shown}): not run again")
+            return 0
+        print(f"the {self.name} tier's inputs changed since it last passed ({shown}): run it")
+        return 1
