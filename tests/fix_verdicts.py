@@ -128,20 +128,22 @@ def grammar(o: dict) -> list[str]:
     return found
 
 
+def linear_off(name: str, got: dict) -> str | None:
+    """What is wrong with one probed matrix product against torch's (its error, or a difference past
+    TOLERANCE), None when it is right."""
+    if "error" in got:
+        return f"{name}: {got['error']}: {got['message']}"
+    if got["max_abs_diff"] > TOLERANCE * max(1.0, got["max_abs"]):
+        return f"{name}: off by {got['max_abs_diff']}"
+    return None
+
+
 def onednn(o: dict) -> list[str]:
     """cpu-onednn-strided-input: vLLM's oneDNN linear on a transposed activation (Gemma 4's audio
     conformer) gives torch's linear."""
     if not o.get("supports_onednn"):
         raise NotHere("this build has no oneDNN kernels (vllm._custom_ops._supports_onednn is False)")
-    found = []
-    for key, got in o.items():
-        if not isinstance(got, dict):
-            continue
-        if "error" in got:
-            found.append(f"{key}: {got['error']}: {got['message']}")
-        elif got["max_abs_diff"] > TOLERANCE * max(1.0, got["max_abs"]):
-            found.append(f"{key}: off by {got['max_abs_diff']}")
-    return found
+    return [off for key, got in o.items() if isinstance(got, dict) and (off := linear_off(key, got))]
 
 
 def compile_cache(o: dict) -> list[str]:
@@ -167,12 +169,8 @@ def embedding(o: dict) -> list[str]:
         found.append("a lookup-only table was packed for a matrix product: a second copy of it")
     if not o["lookup_equal"]:
         found.append("a lookup gives other rows than torch's embedding")
-    logits = o["logits"]
-    if "error" in logits:
-        found.append(f"the LM head failed: {logits['error']}: {logits['message']}")
-    elif logits["max_abs_diff"] > TOLERANCE * max(1.0, logits["max_abs"]):
-        found.append(f"the LM head's logits are off by {logits['max_abs_diff']}")
-    return found
+    off = linear_off("the LM head's logits", o["logits"])
+    return found + ([off] if off else [])
 
 
 def shutdown(o: dict) -> list[str]:
