@@ -15,7 +15,7 @@ import os
 import re
 import stat
 import tarfile
-import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -248,6 +248,32 @@ def content_revision(folder: Path, files: list[Path]) -> str:
     return "content-sha256:" + hashlib.sha256(listing.encode()).hexdigest()
 
 
+CHUNK = 1 << 20
+
+
+def streamed_layer(folder: Path, files: list[Path], name: str):
+    """write_layer's bytes, yielded as a thread writes them into a pipe: a 10 GB layer goes to the
+    engine without a temporary copy on disk or in memory. The writer's error is raised at the end."""
+    read_fd, write_fd = os.pipe()
+    failed: list[BaseException] = []
+
+    def writer() -> None:
+        try:
+            with os.fdopen(write_fd, "wb") as out:
+                write_layer(out, folder, files, name)
+        except BaseException as e:  # noqa: BLE001 - handed to the reader, which raises it
+            failed.append(e)
+
+    thread = threading.Thread(target=writer, name="model-layer", daemon=True)
+    thread.start()
+    with os.fdopen(read_fd, "rb") as layer:  # closed early (the engine stopped reading): the writer ends
+        while chunk := layer.read(CHUNK):
+            yield chunk
+    thread.join()
+    if failed:
+        raise failed[0]
+
+
 def write_layer(out, folder: Path, files: list[Path], name: str) -> None:
     """The image's one layer: models/<name>/... owned by root, readable by any uid (the CPU tier
     serves as uid 2000; an image volume keeps the modes it finds), with no mtimes, in a fixed
@@ -261,7 +287,8 @@ def write_layer(out, folder: Path, files: list[Path], name: str) -> None:
         return info
 
     root = MODELS_ROOT.strip("/")
-    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+    # "w|": a stream (no seek or tell, so a pipe does); the same bytes as "w" (compared).
+    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
         dirs = {root, f"{root}/{name}"} | {
             f"{root}/{name}/{d.as_posix()}" for p in files for d in p.parents if str(d) != "."
         }
@@ -346,18 +373,15 @@ def build(
     if tagged.digest:  # the engine's import takes a repository and a tag; a digest comes from a push
         raise ModelImageError(f"--tag {ref} names a digest: an image built here is tagged NAME[:TAG]")
     log(f"packing {len(files)} files of {folder} into {ref} at {model_path(name)}")
-    with tempfile.TemporaryFile() as layer:
-        write_layer(layer, folder, files, name)
-        layer.seek(0)
-        # `docker import`: one layer from our tar and the labels; no Dockerfile step can record
-        # anything from this host's environment in the image's history.
-        changes = [f"LABEL {json.dumps(k)}={json.dumps(v)}" for k, v in labels.items()]
-        try:
-            answer = client.api.import_image_from_data(
-                layer, repository=tagged.name, tag=tagged.tag_or_latest, changes=changes
-            )
-        except APIError as e:
-            raise ModelImageError(f"the Docker engine refused to import {ref}: {e.explanation or e}") from None
+    # `docker import`: one layer from our tar and the labels; no Dockerfile step can record
+    # anything from this host's environment in the image's history. A generator: sent chunked.
+    changes = [f"LABEL {json.dumps(k)}={json.dumps(v)}" for k, v in labels.items()]
+    try:
+        answer = client.api.import_image_from_data(
+            streamed_layer(folder, files, name), repository=tagged.name, tag=tagged.tag_or_latest, changes=changes
+        )
+    except APIError as e:
+        raise ModelImageError(f"the Docker engine refused to import {ref}: {e.explanation or e}") from None
     status = [json.loads(line) for line in answer.splitlines() if line.strip()]
     if not status or "error" in status[-1]:
         raise ModelImageError(f"importing {ref} failed: {status[-1].get('error') if status else 'no answer'}")

@@ -233,6 +233,19 @@ def test_layer_puts_the_files_at_models_name_readable_by_anyone(tmp_path):
     assert again.getvalue() == out.getvalue()  # the same files, the same layer digest
 
 
+def test_the_streamed_layer_is_the_written_one_and_a_writer_error_is_raised(tmp_path, monkeypatch):
+    """build() streams the layer to the engine through a pipe (no 10 GB temporary file): the same
+    bytes as write_layer into a file; a file that cannot be read mid-way fails the import."""
+    base = folder(tmp_path, {"config.json": b"{}", "model.safetensors": os.urandom(3 * model_image.CHUNK + 7)})
+    files = model_image.check_folder(base)
+    written = io.BytesIO()
+    model_image.write_layer(written, base, files, "tiny")
+    assert b"".join(model_image.streamed_layer(base, files, "tiny")) == written.getvalue()
+    monkeypatch.setattr(model_image, "open_packed", lambda *a: open(base / "gone", "rb"))
+    with pytest.raises(FileNotFoundError):
+        b"".join(model_image.streamed_layer(base, files, "tiny"))
+
+
 @pytest.mark.parametrize(
     "source, name",
     [("google/gemma-4-E2B-it", "gemma-4-e2b-it"), ("/data/My Model_v2/", "my-model-v2"), ("./tiny", "tiny")],
