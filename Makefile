@@ -7,7 +7,7 @@ PYTEST_ARGS ?= -m "not device and not platform and not fullsize"
 LANES ?= 2
 
 .DEFAULT_GOAL := help
-.PHONY: help host host-build emulation quickstart image images base bump render lint lock smoke check-fixes port-fixes test test-fast test-arm64 list bench
+.PHONY: help host host-build emulation quickstart image images base bump render lint lock smoke check-fixes port-fixes test test-fast test-arm64 test-fullsize list bench
 
 help: ## Show targets and variables
 	@echo "usage: make <target> [HW=<hardware>]"
@@ -80,6 +80,14 @@ test-fast: host ## The quick unit tests, for edit-test loops (no Docker; ~1 min)
 test-arm64: host emulation ## The linux/arm64 tier under qemu: base, image, full smoke, one index with amd64 (~20 min)
 	$(PY) -m pytest -m platform tests/integration/test_arm64.py
 	$(PY) -m tests.platform_tier --record
+
+# The full-size tier: random weights of E2B's shape (10.2 GB) served by the CPU image with the
+# recipe's launch. Alone on the machine (it needs ~20 GiB of memory); CI runs it when what it proves
+# changed (tests/fullsize_tier.py). The cached folder is removed afterwards, passed or not.
+test-fullsize: host ## The full-size tier: E2B's shape in the CPU image, recipe launch, every endpoint (~15 min)
+	$(PY) -m pytest -m fullsize tests/unit/test_e2b_shape.py tests/integration/test_fullsize.py tests/integration/test_fullsize_tp.py; \
+	  status=$$?; $(PY) -m testkit.e2b_shape --remove; test $$status = 0
+	$(PY) -m tests.fullsize_tier --record
 
 emulation: ## Make this x86_64 host run arm64 programs (trixie's qemu 10 through binfmt_misc; root)
 	@scripts/setup-emulation.sh

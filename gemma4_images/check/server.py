@@ -91,6 +91,7 @@ def container_for(
     image_id: str | None = None,
     node: bool = False,
     eager: bool = True,
+    launch_only: bool = False,
 ):
     """The container as targets.yaml says to run it, bound to 127.0.0.1:port, plus the model.
     network_mode "none": no network at all, reached through `docker exec` (the model-image proof).
@@ -98,11 +99,12 @@ def container_for(
     image_id: the image's id when the caller has it already (else looked up for the cache).
     node: one node of multi_node_tp (running.node_run: no host IPC namespace).
     eager False: without the smoke's --enforce-eager, so vLLM compiles as the recipe's launch and a
-    pod do."""
+    pod do.
+    launch_only: none of the smoke's own arguments either: the recipe's launch as `run` composes it."""
     t = matrix.targets[target]
     kw = running.sdk_kwargs(running.node_run(t.run) if node else t.run)
     env = {**kw.pop("environment"), **t.smoke.env, **emulation.serve_env(_architecture(image))}
-    smoke_args = [a for a in t.smoke.args if eager or a != "--enforce-eager"]
+    smoke_args = [] if launch_only else [a for a in t.smoke.args if eager or a != "--enforce-eager"]
     args = [*smoke_args, "--host", "127.0.0.1", "--port", str(port), *extra_args]
     if t.smoke.shm_size:
         kw["shm_size"] = t.smoke.shm_size

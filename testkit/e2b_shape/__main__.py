@@ -1,4 +1,5 @@
-"""python -m testkit.e2b_shape [OUT_DIR] [--seed N]: write the folder (or the cached one) and print its summary."""
+"""python -m testkit.e2b_shape [OUT_DIR] [--seed N]: write the folder (or the cached one) and print its summary;
+--remove: remove every cached one."""
 
 from __future__ import annotations
 
@@ -20,7 +21,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Random weights of E2B's shape (not Gemma 4), about 10.2 GB.")
     parser.add_argument("out_dir", nargs="?", type=Path, help="where to write; default: the machine cache")
     parser.add_argument("--seed", type=int, default=cache.SEED)
+    parser.add_argument("--remove", action="store_true", help="remove every cached folder (10 GB each) instead")
     args = parser.parse_args(argv)
+    if args.remove:
+        print("\n".join(f"removed {path}" for path in cache.remove()) or "no cached folder")
+        return
     try:
         print(json.dumps(summary(args.out_dir, args.seed), indent=2))
     except cache.NotEnoughRoom as error:

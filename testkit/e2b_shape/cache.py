@@ -105,3 +105,14 @@ def ensure(seed: int = SEED) -> Path:
                 shutil.rmtree(path, ignore_errors=True)
             write_whole(out, seed, key)
     return readable(out)
+
+
+def remove() -> list[Path]:
+    """Every cached folder of every seed and any dead writer's temporary one (10 GB each): what the
+    full-size tier leaves behind."""
+    root = cache_dir()
+    with _locked(root):
+        gone = [*root.glob(f".{PREFIX}-*"), *root.glob(f"{PREFIX}-seed*")]
+        for path in gone:
+            shutil.rmtree(path, ignore_errors=True)
+    return gone

@@ -215,6 +215,19 @@ def fix_observations(request, fix_package_observations):
     return result
 
 
+@pytest.fixture(scope="session")
+def e2b_shape(client, m):
+    """(the CPU image with the shape's tokenizer baked, the folder of random weights of E2B's shape):
+    the full-size tier's model, written to the machine cache once (~1 min, 10.2 GB)."""
+    from gemma4_images.bench import fullsize
+    from testkit.e2b_shape import cache
+    from tests.fullsize_tier import FIGURES
+
+    FIGURES.unlink(missing_ok=True)  # this pass's figures only
+    folder = cache.ensure()
+    return fullsize.shape_image(client, m, folder, log), folder
+
+
 @pytest.fixture
 def untagged(client):
     """Factory: the tag, removed first if present, so a test can prove a failed build leaves none."""

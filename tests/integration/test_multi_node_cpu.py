@@ -7,46 +7,15 @@ non-zero, so that `--restart on-failure`, systemd's Restart=on-failure and Kuber
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
 
 import pytest
 from docker.errors import APIError
 
-from gemma4_images.check import running, server, smoke
+from gemma4_images.check import smoke
 from testkit import exchanges, trained
+from tests.integration.multinode import TARGET, two_nodes
 
 pytestmark = pytest.mark.integration
-
-TARGET = "xeon6"
-
-
-def node_env(m, rank: int, rendezvous: int) -> dict[str, str]:
-    # What `build.py run --strategy multi_node_tp` passes, plus VLLM_HOST_IP: vLLM would otherwise
-    # hand the worker the host's first non-loopback address for its message queues (seen:
-    # mq_connect_ip=192.0.2.2), and nothing here may leave the loopback.
-    env = running.strategy_env(m, TARGET, "multi_node_tp", 2, rank, "127.0.0.1", rendezvous)
-    return {**env, "VLLM_HOST_IP": "127.0.0.1"}
-
-
-def with_env(env: dict):
-    def customize(container):
-        for key, value in env.items():
-            container.with_env(key, value)
-
-    return customize
-
-
-@contextmanager
-def two_nodes(m, image: str, model: str):
-    """(leader, headless worker) serving model across both, the leader answering /health."""
-    rendezvous = server.free_port()
-    worker, _, args = server.container_for(m, TARGET, image, model, server.free_port(), node=True)
-    with_env(node_env(m, 1, rendezvous))(worker)
-    # The worker first, headless (no HTTP to wait for); the leader waits for it at the rendezvous.
-    with server.started(worker, 0, "", args, 0, wait=False) as headless:
-        leader_env = with_env(node_env(m, 0, rendezvous))
-        with server.serve(m, TARGET, image, model, customize=leader_env, node=True) as leader:
-            yield leader, headless
 
 
 def test_two_nodes_serve_the_full_smoke_with_tensor_parallelism_across_them(client, m, cpu_image, no_new_containers):

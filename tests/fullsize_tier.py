@@ -1,0 +1,48 @@
+"""When CI runs the full-size tier (tests/integration/test_fullsize.py: random weights of E2B's shape,
+10.2 GB, served by the CPU image; `make test-fullsize`, alone on the machine): when what it proves
+has changed since it last passed (tests/tier.py). INPUTS: the shape, the CPU image's files and
+base lock, the fixes pack, and the tier's own code; RECORD (committed) holds their digest and the
+figures of the last pass.
+
+    python -m tests.fullsize_tier --current | --record
+"""
+
+from __future__ import annotations
+
+import sys
+
+from tests.tier import ROOT, Tier
+
+INPUTS = [
+    "testkit/e2b_shape",
+    "Dockerfile.cpu",
+    "image",
+    "patches",
+    "requirements/cpu-base.lock",
+    "bases/vllm-cpu-local",
+    "gemma4_images/bench/fullsize.py",
+    "tests/integration/test_fullsize.py",
+    "tests/integration/test_fullsize_tp.py",
+    "tests/integration/multinode.py",
+]
+
+
+def cpu_facts() -> dict:
+    """targets.yaml's xeon6 target and CPU family: its launch, run options, pod resources."""
+    from gemma4_images.spec import matrix
+
+    m = matrix.load()
+    return {"xeon6": m.targets["xeon6"].model_dump(), "cpu": m.families["cpu"].model_dump()}
+
+
+TIER = Tier(
+    name="full-size",
+    record_path=ROOT / "tests" / "fullsize-tier.json",
+    figures_path=ROOT / "reports" / "fullsize-tier-figures.json",
+    inputs=INPUTS,
+    facts=cpu_facts,
+)
+FIGURES = TIER.figures_path
+
+if __name__ == "__main__":
+    sys.exit(TIER.main())
