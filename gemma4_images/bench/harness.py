@@ -89,9 +89,10 @@ def harness_in_image(client, image: str) -> bool:
         return False
 
 
-def run_harness(client, image: str, argv: list[str], log) -> tuple[dict, float, bool]:
+def run_harness(client, image: str, argv: list[str], log, model: Path | None = None) -> tuple[dict, float, bool]:
+    """gemma4-bench argv in image, with model (default: the tiny trained model) at /models/tiny."""
     shipped = harness_in_image(client, image)
-    cmd = docker_bench_cmd(image, trained.ensure(), not shipped, argv)
+    cmd = docker_bench_cmd(image, model or trained.ensure(), not shipped, argv)
     log(
         f"bench: {' '.join(argv[:1])} harness in {image}"
         + ("" if shipped else " (harness mounted: not in the image yet)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from gemma4_images.bench.figures import PATCH_MAX_RATIO, TARGET, Scenario, scenario_table
+from gemma4_images.bench.fullsize import section as fullsize_section
 from gemma4_images.bench.harness import OFFLINE_TINY, SERVED_TINY
 from gemma4_images.bench.load import load_section
 from gemma4_images.bench.pod import section as pod_section
@@ -54,6 +55,7 @@ def render_results(results: dict) -> str:
         results.get("arm64"),
         results.get("releases"),
         results.get("pod"),
+        results.get("fullsize"),
     )
 
 
@@ -252,6 +254,7 @@ def render(
     arm64: dict | None = None,
     releases: dict | None = None,
     pod: dict | None = None,
+    fullsize: dict | None = None,
 ) -> str:
     """BENCHMARKS.md: each part that has figures, in the page's order."""
     out = [
@@ -271,6 +274,7 @@ def render(
         (startup, startup_section),
         (load, load_section),
         (pod, pod_section),
+        (fullsize, fullsize_section),
         (releases, releases_section),
     ]
     out += [line for figures, section in parts if figures for line in section(figures)]

@@ -141,33 +141,47 @@ def busy_processes(devices: int) -> int:
 
 
 def resources(matrix: Matrix, name: str) -> tuple[dict, str]:
-    """(the container's resources, the header note saying where each figure comes from). Memory:
-    the server's working set as measured on the CPU tier, the checkpoint, and the KV cache when the
-    host holds it; requests only (an estimate from a tiny model is no ceiling to kill a pod at)."""
+    """(the container's resources, the header note saying where each figure comes from). Memory on
+    the CPU family: the working set of random weights of E2B's shape serving the recipe's load in
+    this image (make bench --fullsize), when measured; elsewhere (and until then) the server's
+    working set as measured on the CPU tier, the checkpoint, and the KV cache when the host holds it.
+    Requests only (no ceiling to kill a pod at before `kubectl top pod` has seen E2B's own)."""
     t, family = matrix.targets[name], _family(matrix, name)
     host, resource = family.kubernetes.resources, family.kubernetes.device_resource
     measured = measured_figures.pod_memory()
-    kv = (host.kv_cache_gib or 0) * measured["per_kv_gib"]
-    checkpoint = matrix.project.checkpoint_gb * 1e9
-    memory_gib = math.ceil((measured["server"] + checkpoint + kv) / 2**30)
+    full = measured_figures.fullsize_memory() if host.kv_cache_gib else None
+    if full:
+        kv_delta = (host.kv_cache_gib - full["kv_cache_gib"]) * measured["per_kv_gib"]
+        memory_gib = math.ceil((full["working_set"] + kv_delta) / 2**30)
+        terms = [
+            f"the working set of random weights of E2B's shape (10.2 GB, its exact configuration) serving the "
+            f"recipe's launch and load with VLLM_CPU_KVCACHE_SPACE={full['kv_cache_gib']}, "
+            f'{full["working_set"] / 2**30:.1f} GiB (measured, BENCHMARKS.md "E2B at its real size")',
+            *([f"{kv_delta / 2**30:+.1f} GiB for VLLM_CPU_KVCACHE_SPACE={host.kv_cache_gib}"] if kv_delta else []),
+        ]
+    else:
+        kv = (host.kv_cache_gib or 0) * measured["per_kv_gib"]
+        checkpoint = matrix.project.checkpoint_gb * 1e9
+        memory_gib = math.ceil((measured["server"] + checkpoint + kv) / 2**30)
+        terms = [
+            f'the server {measured["server"] / 2**30:.1f} GiB (measured, BENCHMARKS.md "What a pod needs")',
+            f"the checkpoint {matrix.project.checkpoint_gb} GB",
+            *([f"the KV cache {kv / 2**30:.1f} GiB (VLLM_CPU_KVCACHE_SPACE={host.kv_cache_gib})"] if kv else []),
+        ]
     cpus = host.cpus or busy_processes(t.kubernetes.devices)
     out = {"requests": {"cpu": str(cpus), "memory": f"{memory_gib}Gi"}}
     if resource:
         out["limits"] = {resource: t.kubernetes.devices}
-    terms = [
-        f'the server {measured["server"] / 2**30:.1f} GiB (measured, BENCHMARKS.md "What a pod needs")',
-        f"the checkpoint {matrix.project.checkpoint_gb} GB",
-        *([f"the KV cache {kv / 2**30:.1f} GiB (VLLM_CPU_KVCACHE_SPACE={host.kv_cache_gib})"] if kv else []),
-    ]
     cpu_why = (
         f"{cpus} cores (targets.yaml families.{t.family}.kubernetes.resources)"
         if host.cpus
         else f"{cpus} cores, one per busy vLLM process (the API server, the engine core"
         + (f", {t.kubernetes.devices} workers)" if t.kubernetes.devices > 1 else ")")
     )
+    unmeasured = "" if full else "E2B's own working set is not measured here; "
     note = (
         f"resources.requests: {cpu_why}; memory {memory_gib}Gi = " + " + ".join(terms) + f" ({host.why}). "
-        "No limits besides the device: E2B's own working set is not measured here; after `kubectl top pod` on "
+        f"No limits besides the device: {unmeasured}after `kubectl top pod` on "
         "a serving pod, set limits = requests for Guaranteed QoS (and the static CPU manager's whole cores)."
     )
     return out, note

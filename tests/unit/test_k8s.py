@@ -568,6 +568,7 @@ POD_MEMORY = {"server": 1.8 * 2**30, "per_kv_gib": 1.0 * 2**30}
 @pytest.fixture
 def measured(monkeypatch):
     monkeypatch.setattr(spec_measured, "pod_memory", lambda: POD_MEMORY)
+    monkeypatch.setattr(spec_measured, "fullsize_memory", lambda: None)
 
 
 def test_memory_requests_add_the_measured_server_the_checkpoint_and_a_host_kv_cache(measured):
@@ -585,6 +586,38 @@ def test_memory_requests_add_the_measured_server_the_checkpoint_and_a_host_kv_ca
     assert container("ironwood")["resources"]["requests"]["cpu"] == "6"
 
 
+def test_the_cpu_request_is_e2b_shapes_working_set_once_measured(measured, monkeypatch):
+    """bench/fullsize.py's working set of E2B's shape, at the KV cache it ran with, replaces the tiny
+    server + checkpoint sum for the family whose host holds the model; accelerators keep the sum."""
+    full = {"working_set": 17.3 * 2**30, "kv_cache_gib": 4}
+    monkeypatch.setattr(spec_measured, "fullsize_memory", lambda: full)
+    assert container("xeon6")["resources"]["requests"]["memory"] == "18Gi"
+    text = k8s.render_k8s(M, "xeon6").replace("\n#   ", " ")
+    assert "random weights of E2B's shape" in text and "not measured here" not in text
+    assert container("h100")["resources"]["requests"]["memory"] == "12Gi"
+    # Measured at another KV size: each GiB of difference at the measured per-GiB cost.
+    monkeypatch.setattr(spec_measured, "fullsize_memory", lambda: {**full, "kv_cache_gib": 2})
+    assert container("xeon6")["resources"]["requests"]["memory"] == "20Gi"
+
+
+@pytest.mark.parametrize(
+    "serving, says",
+    [
+        ({"starts": [], "kv_cache_gib": 4}, "fullsize.serving lacks its working set"),
+        ({"starts": [{"idle": 2**34, "loaded": True}], "kv_cache_gib": 4}, "is true, not a number of bytes"),
+        ({"starts": [{"idle": 2**34, "loaded": 1e30}], "kv_cache_gib": 4}, "is 1e+30 bytes: give"),
+        ({"starts": [{"idle": 2**34, "loaded": 2**34}], "kv_cache_gib": "4"}, 'kv_cache_gib is "4"'),
+    ],
+)
+def test_absurd_fullsize_figures_are_one_line_naming_the_file_and_the_field(tmp_path, monkeypatch, serving, says):
+    results = tmp_path / "benchmarks.json"
+    results.write_text(json.dumps({"pod": {"memory": POD_MEMORY}, "fullsize": {"serving": serving}}))
+    monkeypatch.setattr(spec_measured, "RESULTS", results)
+    with pytest.raises(matrix.MatrixError) as e:
+        k8s.render_k8s(M, "xeon6")
+    assert str(e.value).startswith(f"{results}: ") and says in str(e.value) and "\n" not in str(e.value)
+
+
 def test_the_committed_figures_are_a_servers():
     measured = spec_measured.pod_memory()
     assert 0.5 * 2**30 < measured["server"] < 8 * 2**30  # a server, not a model: see BENCHMARKS.md
@@ -593,7 +626,10 @@ def test_the_committed_figures_are_a_servers():
 
 def test_the_header_says_where_each_request_comes_from():
     text = k8s.render_k8s(M, "xeon6").replace("\n#   ", " ")
-    assert "measured, BENCHMARKS.md" in text and "checkpoint 10.2 GB" in text and "VLLM_CPU_KVCACHE_SPACE" in text
+    assert "E2B's shape" in text and 'measured, BENCHMARKS.md "E2B at its real size"' in text
+    assert "VLLM_CPU_KVCACHE_SPACE=4" in text
+    text = k8s.render_k8s(M, "h100").replace("\n#   ", " ")
+    assert "measured, BENCHMARKS.md" in text and "checkpoint 10.2 GB" in text
 
 
 @pytest.mark.parametrize(
@@ -648,8 +684,10 @@ def test_the_deployment_page_quotes_the_figures_benchmarks_json_and_the_manifest
     quoted = [
         f"grew {mem['slope'] / 2**30:.2f} GiB per GiB",
         f"**{server} GiB**",
-        f"xeon6 asks for **{container('xeon6')['resources']['requests']['memory']}** ({server} + 9.5 + 4 GiB)",
-        f"the accelerators for **{container('h100')['resources']['requests']['memory']}** ({server} + 9.5)",
+        f"so xeon6 asks for **{container('xeon6')['resources']['requests']['memory']}**",
+        f"**{spec_measured.fullsize_memory()['working_set'] / 2**30:.1f} GiB**",
+        f"would be 16Gi ({server} + 9.5 + 4 GiB)",
+        f"the accelerators ask for **{container('h100')['resources']['requests']['memory']}** ({server} + 9.5)",
         f"healthy in {cache['median']['none']:.1f} s with the caches in the container",
         f"{cache['median']['cold']:.1f} s on an empty volume",
         f"**{cache['median']['warm']:.1f} s** on the warm volume ({cache['warm_over_none']:.2f}x)",
