@@ -19,7 +19,7 @@ TARGETS_FILE = ROOT / "targets.yaml"
 # targets.yaml; release_overlay says how.
 RELEASES = ROOT / "releases"
 PROFILES = ROOT / "patches" / "profiles"
-FEATURES = ("tool_calling", "reasoning", "text_only", "spec_decoding")
+FEATURES = ("tool_calling", "reasoning", "text_only", "spec_decoding", "fast_prefill")
 RESERVED_NAMES = ("all",)  # CLI words that stand for every target
 SHA256_DIGEST = r"^sha256:[0-9a-f]{64}$"
 # Where images hold the BOS tokenizer copy (patches/gemma4-bos-tokenizer) when a target bakes it.

@@ -48,6 +48,8 @@ def test_features_replace_edit_and_none(m):
     assert "--tool-call-parser" not in only and '{"image": 0, "audio": 0}' in only
     spec = serve.compose(r, {"GEMMA4_FEATURES": "+spec_decoding"}, [])
     assert spec.index("--speculative-config") > spec.index("--reasoning-parser")
+    fast = serve.compose(m.recipe("xeon6"), {"GEMMA4_FEATURES": "+fast_prefill"}, [])
+    assert "--kv-sharing-fast-prefill" in fast and "--kv-sharing-fast-prefill" not in serve.compose(r, {}, [])
     assert serve.compose(r, {"GEMMA4_FEATURES": "none"}, []) == [
         "vllm",
         "serve",
