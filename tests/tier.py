@@ -29,13 +29,18 @@ class Tier:
     after_record: Callable[[dict], None] = lambda data: None
     root: Path = ROOT
 
+    def files(self, rel: str) -> list[Path]:
+        """An input's files git would commit (tracked, or new and not ignored): bytecode and other
+        leftovers a run writes beside them must not make a clean clone's digest differ."""
+        ls = ["git", "-C", str(self.root), "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", rel]
+        out = subprocess.run(ls, capture_output=True, check=True).stdout.decode()
+        return sorted(p for f in out.split("\0") if f and (p := self.root / f).is_file())
+
     def digest(self) -> str:
         h = hashlib.sha256()
         for rel in self.inputs:
-            path = self.root / rel
-            for f in sorted([path] if path.is_file() else path.rglob("*")):
-                if f.is_file():
-                    h.update(str(f.relative_to(self.root)).encode() + b"\0" + f.read_bytes() + b"\0")
+            for f in self.files(rel):
+                h.update(str(f.relative_to(self.root)).encode() + b"\0" + f.read_bytes() + b"\0")
         h.update(json.dumps(self.facts(), sort_keys=True).encode())
         return h.hexdigest()
 

@@ -3,6 +3,7 @@ the record follows the inputs' contents, and a change to any of them makes it st
 
 import dataclasses
 import shutil
+import subprocess
 
 import pytest
 
@@ -15,6 +16,8 @@ from tests import fullsize_tier, platform_tier
     ids=["arm64", "fullsize"],
 )
 def test_the_record_is_current_only_for_the_inputs_it_was_written_for(tmp_path, tier, changed):
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    shutil.copy(tier.root / ".gitignore", tmp_path)
     for rel in tier.inputs:
         src, dst = tier.root / rel, tmp_path / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
@@ -29,5 +32,11 @@ def test_the_record_is_current_only_for_the_inputs_it_was_written_for(tmp_path, 
     assert not tier.current()  # no record yet
     tier.record()
     assert tier.current()
+    # What a run leaves beside the inputs (CI's Python writes bytecode) is not an input.
+    for rel in tier.inputs:
+        folder = tmp_path / rel if (tmp_path / rel).is_dir() else (tmp_path / rel).parent
+        (folder / "__pycache__").mkdir(exist_ok=True)
+        (folder / "__pycache__" / "leftover.cpython-311.pyc").write_bytes(b"\xa7\r\r\n")
+    assert tier.current(), "bytecode beside the inputs sent CI through the tier again"
     (tmp_path / changed).write_text((tmp_path / changed).read_text() + "\n")
     assert not tier.current(), f"a changed {changed} must send CI through the {tier.name} tier again"
