@@ -76,9 +76,11 @@ test-fast: host ## The quick unit tests, for edit-test loops (no Docker; ~1 min)
 
 # The linux/arm64 tier: the arm64 CPU stand-in, the xeon6 image and its smoke, under qemu. Too slow
 # for every CI run: CI runs it when what it proves changed (tests/platform_tier.py); on a pass it
-# records that in tests/platform-tier.json, which is committed.
-test-arm64: host emulation ## The linux/arm64 tier under qemu: base, image, full smoke, one index with amd64 (~20 min)
-	$(PY) -m pytest -m platform tests/integration/test_arm64.py
+# records that in tests/platform-tier.json, which is committed. Its arm64 images (~15 GB) are
+# removed afterwards, passed or not: a fresh machine's disk does not hold them beside the rest.
+test-arm64: host emulation ## The linux/arm64 tier under qemu: base, image, full smoke, one index with amd64 (~25 min)
+	$(PY) -m pytest -m platform tests/integration/test_arm64.py; \
+	  status=$$?; $(PY) -m tests.platform_tier --clean; test $$status = 0
 	$(PY) -m tests.platform_tier --record
 
 # The full-size tier: random weights of E2B's shape (10.2 GB) served by the CPU image with the
@@ -86,7 +88,7 @@ test-arm64: host emulation ## The linux/arm64 tier under qemu: base, image, full
 # changed (tests/fullsize_tier.py). The cached folder is removed afterwards, passed or not.
 test-fullsize: host ## The full-size tier: E2B's shape in the CPU image, recipe launch, every endpoint (~15 min)
 	$(PY) -m pytest -m fullsize tests/unit/test_e2b_shape.py tests/integration/test_fullsize.py tests/integration/test_fullsize_tp.py; \
-	  status=$$?; $(PY) -m testkit.e2b_shape --remove; test $$status = 0
+	  status=$$?; $(PY) -m tests.fullsize_tier --clean; test $$status = 0
 	$(PY) -m tests.fullsize_tier --record
 
 emulation: ## Make this x86_64 host run arm64 programs (trixie's qemu 10 through binfmt_misc; root)

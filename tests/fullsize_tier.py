@@ -4,7 +4,7 @@ has changed since it last passed (tests/tier.py). INPUTS: the shape, the CPU ima
 base lock, the fixes pack, and the tier's own code; RECORD (committed) holds their digest and the
 figures of the last pass.
 
-    python -m tests.fullsize_tier --current | --record
+    python -m tests.fullsize_tier --current | --record | --clean
 """
 
 from __future__ import annotations
@@ -35,12 +35,20 @@ def cpu_facts() -> dict:
     return {"xeon6": m.targets["xeon6"].model_dump(), "cpu": m.families["cpu"].model_dump()}
 
 
+def remove_folder() -> list[str]:
+    """The 10.2 GB folder the tier wrote into the machine cache (rewritten in ~1 min when needed)."""
+    from testkit.e2b_shape import cache
+
+    return [str(path) for path in cache.remove()]
+
+
 TIER = Tier(
     name="full-size",
     record_path=ROOT / "tests" / "fullsize-tier.json",
     figures_path=ROOT / "reports" / "fullsize-tier-figures.json",
     inputs=INPUTS,
     facts=cpu_facts,
+    clean=remove_folder,
 )
 FIGURES = TIER.figures_path
 

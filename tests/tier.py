@@ -4,6 +4,7 @@ the tier wrote, and `--current` compares it with the inputs now.
 
     python -m tests.<tier> --current   exit 0 if the record matches the inputs, else 1 naming the tier
     python -m tests.<tier> --record    write the record for the inputs now (after the tier passed)
+    python -m tests.<tier> --clean     remove the tens of GB the tier wrote (after it ran, passed or not)
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class Tier:
     inputs: list[str]  # files and folders below root whose bytes the tier depends on
     facts: Callable[[], dict] = dict  # the parts of targets.yaml it depends on
     after_record: Callable[[dict], None] = lambda data: None
+    clean: Callable[[], list[str]] = list  # removes what the tier wrote; says what went
     root: Path = ROOT
 
     def files(self, rel: str) -> list[Path]:
@@ -70,8 +72,12 @@ class Tier:
         group = parser.add_mutually_exclusive_group(required=True)
         group.add_argument("--current", action="store_true")
         group.add_argument("--record", action="store_true")
+        group.add_argument("--clean", action="store_true")
         args = parser.parse_args(argv)
         shown = self.record_path.relative_to(self.root)
+        if args.clean:
+            print("\n".join(f"removed {what}" for what in self.clean()) or f"the {self.name} tier left nothing")
+            return 0
         if args.record:
             print(f"wrote {shown}: {self.record()['figures']}")
             return 0
