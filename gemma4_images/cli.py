@@ -911,6 +911,12 @@ def inspect(image):
     help="Also serve random weights of E2B's shape (10.2 GB, written once to the machine cache) with the "
     "recipe's launch: start-up, memory, tokens/s, fast prefill against stock (~25 min; needs 20 GiB of memory).",
 )
+@click.option(
+    "--model-image",
+    is_flag=True,
+    help="Also pack E2B's shape with `model-image`, push it to a loopback registry, pull it back and serve it "
+    "with --network none (~15 min; needs ~34 GB of free disk).",
+)
 def bench_cmd(
     skip_build,
     skip_serving,
@@ -923,6 +929,7 @@ def bench_cmd(
     tests,
     releases,
     fullsize,
+    model_image,
 ):
     """Cold/no-change/one-patch/one-entrypoint-line rebuilds, image overhead, gemma4-bench in the CPU
     image with the tiny model, and start-up time against bare vllm serve; regenerates BENCHMARKS.md
@@ -943,6 +950,7 @@ def bench_cmd(
             tests=tests,
             releases=releases,
             fullsize=fullsize,
+            model_image=model_image,
         )
     except RuntimeError as e:  # a benchmark that could not measure what it set out to
         fail(str(e))

@@ -6,6 +6,7 @@ from gemma4_images.bench.figures import PATCH_MAX_RATIO, TARGET, Scenario, scena
 from gemma4_images.bench.fullsize import section as fullsize_section
 from gemma4_images.bench.harness import OFFLINE_TINY, SERVED_TINY
 from gemma4_images.bench.load import load_section
+from gemma4_images.bench.model_image_fullsize import section as model_image_section
 from gemma4_images.bench.pod import section as pod_section
 from gemma4_images.bench.quickstart import quickstart_section
 from gemma4_images.bench.releases import section as releases_section
@@ -56,6 +57,7 @@ def render_results(results: dict) -> str:
         results.get("releases"),
         results.get("pod"),
         results.get("fullsize"),
+        results.get("model_image"),
     )
 
 
@@ -255,6 +257,7 @@ def render(
     releases: dict | None = None,
     pod: dict | None = None,
     fullsize: dict | None = None,
+    model_image: dict | None = None,
 ) -> str:
     """BENCHMARKS.md: each part that has figures, in the page's order."""
     out = [
@@ -275,6 +278,7 @@ def render(
         (load, load_section),
         (pod, pod_section),
         (fullsize, fullsize_section),
+        (model_image, model_image_section),
         (releases, releases_section),
     ]
     out += [line for figures, section in parts if figures for line in section(figures)]

@@ -44,6 +44,7 @@ def main(
     tests: bool = False,
     releases: bool = False,
     fullsize: bool = False,
+    model_image: bool = False,
 ) -> dict:
     from gemma4_images.build.docker_build import OFFLINE, connect
 
@@ -95,6 +96,12 @@ def main(
         t = time.monotonic()
         results["fullsize"] = fullsize_bench(client, log, m)
         timings["E2B's shape at full size: two starts, load, fast prefill"] = time.monotonic() - t
+    if model_image:
+        from gemma4_images.bench import model_image_fullsize
+
+        t = time.monotonic()
+        results["model_image"] = model_image_fullsize.measure(client, log, m)
+        timings["E2B's shape as a model image: build, push, pull, volume, serve"] = time.monotonic() - t
     if releases:
         from gemma4_images.bench.releases import releases_bench
 

@@ -92,6 +92,13 @@ def write_whole(out: Path, seed: int, key: str | None = None) -> dict:
     return summary
 
 
+def cached(seed: int = SEED) -> Path | None:
+    """The folder for seed if it is in the cache, whole and made from today's inputs."""
+    key = made_from(seed)
+    out = cache_dir() / f"{PREFIX}-seed{seed}-{key[:16]}"
+    return out if stamped(out, key) else None
+
+
 def ensure(seed: int = SEED) -> Path:
     """The cached folder for seed, made if it is missing or was made from other inputs; readable by any user
     (the CPU image serves as UID 2000)."""
