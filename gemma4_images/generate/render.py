@@ -1,4 +1,5 @@
-"""Render the generated files (Dockerfile.<family>, image/recipes/<target>.json) and check drift."""
+"""Render the generated files (Dockerfile.<family>, image/recipes/<target>.json, FIXES.md, the bake
+file, README.md's targets) and check drift."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import jinja2
 
-from gemma4_images.generate import bake
+from gemma4_images.generate import bake, readme
 from gemma4_images.spec.facts import BUILD_FACTS
 from gemma4_images.spec.matrix import PROFILES, ROOT, TOKENIZER_PATH, Matrix, dockerfile_name, views
 
@@ -71,6 +72,7 @@ def render_all(matrix: Matrix, others: list[Matrix] | None = None) -> dict[str, 
             out[view.recipe_file(name)] = json.dumps(recipe, indent=2) + "\n"
     out["FIXES.md"] = fixes_table(matrix, others)
     out[bake.BAKE_FILE] = bake.render_bake(matrix, others)
+    out[readme.README] = readme.render(matrix, others)
     return out
 
 
