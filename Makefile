@@ -14,7 +14,8 @@ help: ## Show targets and variables
 	@echo
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-11s %s\n", $$1, $$2}'
 	@echo
-	@echo "variables: HW=<target or alias> (default cpu; see 'make list'), PYTEST_ARGS (default -m \"not device\")"
+	@echo 'variables: HW=<target or alias> (default cpu; see `make list`), PYTEST_ARGS (default $(PYTEST_ARGS)),'
+	@echo '  LANES (default $(LANES)), VLLM=<release> (default: the release `make list` marks with *)'
 
 host: ## Install and start what builds and tests need (Docker engine, mmdebstrap, the tests' venv)
 	@scripts/setup-host.sh test
@@ -37,7 +38,7 @@ image: host-build ## Build one image: make image HW=h100 [VLLM=0.32.0, another r
 images: host-build ## Build every target's image
 	$(PY) build.py build all
 
-base: host-build ## Build HW's local stand-in base without a registry (cpu, b200, b300; `make list`) [VLLM=...]
+base: host-build ## Build HW's local stand-in base without a registry (the targets `make list` gives a STAND-IN) [VLLM=...]
 	$(PY) build.py base $(HW) $(if $(VLLM),--vllm $(VLLM))
 
 bump: host-build ## Build a family on another vLLM release: make bump FAMILY=cpu VLLM=0.32.0 [BUMP_ARGS=--accept-merge FIX]; VLLM unset: which are behind
