@@ -54,22 +54,31 @@ def remove_arm64_images() -> list[str]:
     """The tier's arm64 images (its stand-in bases, images and indexes: ~15 GB here): the tier runs
     only when its inputs changed, and a fresh CI machine's disk does not hold them beside the rest."""
     import docker
+    from docker.errors import APIError
 
-    client, gone = docker.from_env(), []
+    client, gone, kept = docker.from_env(), [], []
+
+    def remove(ref: str) -> None:
+        try:
+            client.images.remove(ref, noprune=False)
+            gone.append(ref)
+        except APIError as e:  # one in use (a stopped container, a child image): the rest still go
+            kept.append(f"{ref} ({e.explanation or e})")
+
     for image in client.images.list():
-        tags = [t for t in image.tags if t.startswith("gemma4-e2b")]
-        if tags and image.attrs.get("Architecture") == "arm64":
-            for tag in tags:
-                client.images.remove(tag, noprune=False)
-            gone += tags
+        if image.attrs.get("Architecture") == "arm64":
+            for tag in [t for t in image.tags if t.startswith("gemma4-e2b")]:
+                remove(tag)
     # Earlier builds' images whose tags moved on: untagged leaves the untagging above cannot reach.
     for image in client.images.list(filters={"dangling": True}):
         if image.attrs.get("Architecture") == "arm64":
-            client.images.remove(image.id, noprune=False)
-            gone.append(image.short_id)
-    # BuildKit's cache records keep the removed bases' layers on disk (measured: 14 GB of arm64 layers
-    # left in the layer store after the images were gone); the records of images still here can go.
+            remove(image.id)
+    # BuildKit's cache records keep removed bases' layers on disk (measured: 14 GB of arm64 layers
+    # after the images were gone). This prunes every unused record of the engine, not arm64's only:
+    # a base is reused by its inputs label (localbase), so only a rebuild of a changed base loses cache.
     reclaimed = client.api.prune_builds().get("SpaceReclaimed") or 0
+    if kept:
+        raise SystemExit("error: kept (in use): " + "; ".join(kept))
     return [*gone, f"BuildKit's unused cache records ({reclaimed / 1e9:.1f} GB)"]
 
 

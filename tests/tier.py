@@ -2,7 +2,8 @@
 under qemu, the full-size tier): its inputs' digest is kept in a committed record with the figures
 the tier wrote, and `--current` compares it with the inputs now.
 
-    python -m tests.<tier> --current   exit 0 if the record matches the inputs, else 1 naming the tier
+    python -m tests.<tier> --current   exit 0 if the record matches the inputs, 1 naming the tier if not,
+                                       2 if the inputs cannot be read
     python -m tests.<tier> --record    write the record for the inputs now (after the tier passed)
     python -m tests.<tier> --clean     remove the tens of GB the tier wrote (after it ran, passed or not)
 """
@@ -13,11 +14,16 @@ import argparse
 import hashlib
 import json
 import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+class TierError(Exception):
+    """The inputs could not be read: neither "current" nor "changed" (exit 2, not 1)."""
 
 
 @dataclass
@@ -35,8 +41,10 @@ class Tier:
         """An input's files git would commit (tracked, or new and not ignored): bytecode and other
         leftovers a run writes beside them must not make a clean clone's digest differ."""
         ls = ["git", "-C", str(self.root), "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", rel]
-        out = subprocess.run(ls, capture_output=True, check=True).stdout.decode()
-        return sorted(p for f in out.split("\0") if f and (p := self.root / f).is_file())
+        out = subprocess.run(ls, capture_output=True)
+        if out.returncode != 0:
+            raise TierError(f"git cannot list {rel} in {self.root}: {out.stderr.decode().strip()[:200]}")
+        return sorted(p for f in out.stdout.decode().split("\0") if f and (p := self.root / f).is_file())
 
     def digest(self) -> str:
         h = hashlib.sha256()
@@ -81,7 +89,12 @@ class Tier:
         if args.record:
             print(f"wrote {shown}: {self.record()['figures']}")
             return 0
-        if self.current():
+        try:
+            current = self.current()
+        except TierError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        if current:
             print(f"the {self.name} tier passed on these inputs ({shown}): not run again")
             return 0
         print(f"the {self.name} tier's inputs changed since it last passed ({shown}): run it")

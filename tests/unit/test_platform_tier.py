@@ -40,3 +40,11 @@ def test_the_record_is_current_only_for_the_inputs_it_was_written_for(tmp_path, 
     assert tier.current(), "bytecode beside the inputs sent CI through the tier again"
     (tmp_path / changed).write_text((tmp_path / changed).read_text() + "\n")
     assert not tier.current(), f"a changed {changed} must send CI through the {tier.name} tier again"
+
+
+def test_inputs_git_cannot_list_are_an_error_not_a_change(tmp_path, capsys):
+    # CI runs the tier on exit 1 only; an unreadable tree must not pass for changed inputs.
+    tier = dataclasses.replace(fullsize_tier.TIER, root=tmp_path, record_path=tmp_path / "record.json")
+    tier.record_path.write_text('{"inputs": "0"}')
+    assert tier.main(["--current"]) == 2
+    assert capsys.readouterr().err.startswith("error: git cannot list testkit/e2b_shape in ")
