@@ -28,6 +28,26 @@ def tree_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
+def preflight(client, weights: int, present: Path | None) -> None:
+    """RuntimeError, one line, unless each disk has room for the copies it holds at once. The peak is
+    the pull (Docker 20.10 downloads a layer to a file, then unpacks it) beside the registry's copy,
+    the folder and the local image already removed; the registry lives in the machine cache, the
+    image, the download and the volume in Docker's data root."""
+    cache, docker_root = cache_dir(), Path(client.info()["DockerRootDir"])
+    folder = tree_bytes(present) if present else 0  # removed once packed: its room counts as free
+    if cache.stat().st_dev == docker_root.stat().st_dev:
+        needs = {cache: 3 * weights + MARGIN}
+    else:  # the folder, then the registry's copy; the image, then download + layer, then image + volume
+        needs = {cache: weights + MARGIN // 2, docker_root: 2 * weights + MARGIN}
+    for where, need in needs.items():
+        free = shutil.disk_usage(where).free + (folder if where == cache else 0)
+        if free < need:
+            raise RuntimeError(
+                f"the model image at E2B's size needs {need / 1e9:.1f} GB of free disk in {where}; {free / 1e9:.1f} "
+                "GB (counting the cached folder it removes): remove images or caches first (`docker system df`)"
+            )
+
+
 def measure(client, log, m: matrix.Matrix) -> dict:
     from docker.errors import NotFound
 
@@ -35,16 +55,9 @@ def measure(client, log, m: matrix.Matrix) -> dict:
     from testkit.e2b_shape import cache
     from testkit.e2b_shape import folder as shape
 
-    # The peak is the pull (Docker 20.10 downloads a layer to a file, then unpacks it): the registry's
-    # copy, the download and the layer, with the folder and the local image already removed.
-    weights, present = shape.Plan().weight_bytes, cache.cached()
-    need = 3 * weights + MARGIN
-    free = shutil.disk_usage(cache_dir()).free + (tree_bytes(present) if present else 0)
-    if free < need:
-        raise RuntimeError(
-            f"the model image at E2B's size needs {need / 1e9:.1f} GB of free disk besides its folder; "
-            f"{free / 1e9:.1f} GB: remove images or caches first (`docker system df`)"
-        )
+    if shutil.which("docker-registry") is None:  # checked before 10 GB are written, not after
+        raise loopback.LoopbackError("docker-registry is not installed: `apt-get install docker-registry`")
+    preflight(client, shape.Plan().weight_bytes, cache.cached())
     folder = cache.ensure()
     size = tree_bytes(folder)
     image = fullsize.shape_image(client, m, folder, log)
@@ -75,7 +88,9 @@ def measure(client, log, m: matrix.Matrix) -> dict:
         t = time.monotonic()
         model_image.docker_volume(client, TAG, VOLUME)
         out["volume_s"] = time.monotonic() - t
-        out["volume_bytes"] = out["image_bytes"]  # the engine copies the image's files, all of them
+        out["volume_bytes"] = next(
+            v["UsageData"]["Size"] for v in client.df()["Volumes"] if v["Name"] == VOLUME
+        )  # what the engine copied, counted by the engine (`docker system df -v`)
         client.images.remove(TAG, force=True)
         out["serve"] = serve_with_no_network(log, m, image, built.path)
     finally:

@@ -13,7 +13,7 @@ from pathlib import Path
 from gemma4_images.check.server import free_port
 
 
-class LoopbackError(Exception):
+class LoopbackError(RuntimeError):
     """The registry could not be started; the message is one line with the fix."""
 
 
@@ -38,8 +38,8 @@ def start_registry(root: Path, readonly: bool = False, login: tuple[str, str] | 
         f"version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n"
         f"    rootdirectory: {root / 'data'}{maintenance}\nhttp:\n  addr: 127.0.0.1:{port}\n{auth}"
     )
-    log = open(root / "registry.log", "w")
-    proc = subprocess.Popen([exe, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
+    with open(root / "registry.log", "w") as log:  # the child keeps its own descriptor
+        proc = subprocess.Popen([exe, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
     host = f"127.0.0.1:{port}"
     for _ in range(100):
         try:
@@ -48,12 +48,13 @@ def start_registry(root: Path, readonly: bool = False, login: tuple[str, str] | 
         except urllib.error.HTTPError as e:
             if e.code == 401 and login:
                 return proc, host
-            raise
+            stop_registry(proc)
+            raise LoopbackError(f"docker-registry on {host} answered /v2/ with HTTP {e.code}") from None
         except OSError:
             if proc.poll() is not None:
                 raise LoopbackError(f"docker-registry exited: {(root / 'registry.log').read_text()[-2000:]}")
             time.sleep(0.1)
-    proc.terminate()
+    stop_registry(proc)
     raise LoopbackError(f"docker-registry did not answer on {host} within 10 s")
 
 
