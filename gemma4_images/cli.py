@@ -30,7 +30,7 @@ from gemma4_images.build.localbase import LocalBaseError
 from gemma4_images.build.tokenizer_copy import TokenizerError
 from gemma4_images.check import image_contents, running
 from gemma4_images.generate import k8s as k8s_mod
-from gemma4_images.generate import render
+from gemma4_images.generate import readme, render
 from gemma4_images.publish import model_image, publish, reports, sbom, signing
 from gemma4_images.spec import matrix as matrix_mod
 from gemma4_images.spec import platforms, upstream
@@ -53,6 +53,7 @@ EXPECTED = (
     image_contents.ImageError,
     model_image.ModelImageError,
     emulation.EmulationUnavailable,
+    readme.ReadmeError,
 )
 
 # Every command that builds or runs one platform's image takes it the same way.

@@ -3,6 +3,8 @@ cannot fall behind targets.yaml and releases/ (`build.py render --check` compare
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from gemma4_images.spec.matrix import ROOT, Matrix, default_release, version_key
 
 README = "README.md"
@@ -38,9 +40,10 @@ def block(own: Matrix, others: list[Matrix]) -> str:
         "| vLLM (**default**) | platforms | tag |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for name, t in own.targets.items():
+    for name in own.targets:
         default = default_release(own, name)
         view = views[default]
+        t = view.targets[name]
         releases = [v for v, m in views.items() if name in m.targets]
         shown = ", ".join(f"**{v}**" if v == default else v for v in releases)
         aliases = f" (alias {', '.join(f'`{a}`' for a in t.aliases)})" if t.aliases else ""
@@ -64,5 +67,5 @@ def spliced(text: str, own: Matrix, others: list[Matrix]) -> str:
     return f"{head}{BEGIN}\n{block(own, others)}\n{END}{tail}"
 
 
-def render(own: Matrix, others: list[Matrix]) -> str:
-    return spliced((ROOT / README).read_text(), own, others)
+def render(own: Matrix, others: list[Matrix], root: Path = ROOT) -> str:
+    return spliced((root / README).read_text(), own, others)

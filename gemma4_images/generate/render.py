@@ -34,7 +34,7 @@ def other_releases(matrix: Matrix) -> list[Matrix]:
     return [v for k, v in views().items() if k != matrix.project.vllm_version]
 
 
-def render_all(matrix: Matrix, others: list[Matrix] | None = None) -> dict[str, str]:
+def render_all(matrix: Matrix, others: list[Matrix] | None = None, root: Path = ROOT) -> dict[str, str]:
     """Every generated file, as {path relative to the repo: content}: from matrix (targets.yaml at its
     own vLLM release) and others (the same at each other release, default releases/'s: their
     recipes, and the targets FIXES.md names)."""
@@ -72,7 +72,7 @@ def render_all(matrix: Matrix, others: list[Matrix] | None = None) -> dict[str, 
             out[view.recipe_file(name)] = json.dumps(recipe, indent=2) + "\n"
     out["FIXES.md"] = fixes_table(matrix, others)
     out[bake.BAKE_FILE] = bake.render_bake(matrix, others)
-    out[readme.README] = readme.render(matrix, others)
+    out[readme.README] = readme.render(matrix, others, root)  # its prose is root's own
     return out
 
 
@@ -196,7 +196,7 @@ def executed_here(manifests: dict) -> list[str]:
 def write(matrix: Matrix, others: list[Matrix] | None = None, root: Path = ROOT) -> list[str]:
     """Write every generated file; returns the paths whose content changed."""
     changed = []
-    for rel, content in render_all(matrix, others).items():
+    for rel, content in render_all(matrix, others, root).items():
         path = root / rel
         if not path.exists() or path.read_text() != content:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -207,7 +207,7 @@ def write(matrix: Matrix, others: list[Matrix] | None = None, root: Path = ROOT)
 
 def drift(matrix: Matrix, others: list[Matrix] | None = None, root: Path = ROOT) -> list[str]:
     """Generated files that differ from what is committed (or are missing), and stale leftovers."""
-    rendered = render_all(matrix, others)
+    rendered = render_all(matrix, others, root)
     stale = [
         rel for rel, content in rendered.items() if not (root / rel).exists() or (root / rel).read_text() != content
     ]
