@@ -793,6 +793,11 @@ def verify(ref, key, policy, signatures, dest, attachments_dir, require_attachme
     "Keep vLLM's compile caches on this claim, so every pod after the first starts warm (default: per pod).",
     metavar="CLAIM",
 )
+@click.option(
+    "--explain",
+    is_flag=True,
+    help="Open with why each field is what it is: where each request comes from, security, grace period, caches.",
+)
 @VLLM
 def k8s(
     target,
@@ -808,6 +813,7 @@ def k8s(
     autoscale,
     prometheus,
     compile_cache_pvc,
+    explain,
 ):
     """Print a Kubernetes Deployment (or LeaderWorkerSet, multi_node_tp) + Service for TARGET."""
     m, name = load(target), target
@@ -848,6 +854,7 @@ def k8s(
             autoscale=bounds,
             prometheus=prometheus,
             compile_cache_pvc=compile_cache_pvc,
+            explain=explain,
         ),
         nl=False,
     )

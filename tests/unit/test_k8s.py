@@ -297,7 +297,7 @@ def _pushed(folder, **entry):
 
 
 def _cli_pod(folder):
-    done = build_py("k8s", "xeon6", env={**os.environ, "GEMMA4_REPORTS": str(folder / "reports")})
+    done = build_py("k8s", "xeon6", "--explain", env={**os.environ, "GEMMA4_REPORTS": str(folder / "reports")})
     assert done.returncode == 0, done.stderr
     return next(yaml.safe_load_all(done.stdout))["spec"]["template"]["spec"], done.stdout.split("apiVersion")[0]
 
@@ -511,7 +511,7 @@ def test_vllms_compile_caches_live_on_their_own_volume():
     assert {"name": "compile-cache", "emptyDir": {}} in spec["volumes"]  # per pod unless a claim is given
     shared = pod("h100", compile_cache_pvc="vllm-compile")
     assert {"name": "compile-cache", "persistentVolumeClaim": {"claimName": "vllm-compile"}} in shared["volumes"]
-    out = build_py("k8s", "cpu", "--compile-cache-pvc", "vllm-compile").stdout
+    out = build_py("k8s", "cpu", "--compile-cache-pvc", "vllm-compile", "--explain").stdout
     assert "claimName: vllm-compile" in out and "every later one starts warm" in out.replace("\n#   ", " ")
 
 
@@ -592,7 +592,7 @@ def test_the_cpu_request_is_e2b_shapes_working_set_once_measured(measured, monke
     full = {"working_set": 17.3 * 2**30, "kv_cache_gib": 4}
     monkeypatch.setattr(spec_measured, "fullsize_memory", lambda: full)
     assert container("xeon6")["resources"]["requests"]["memory"] == "18Gi"
-    text = k8s.render_k8s(M, "xeon6").replace("\n#   ", " ")
+    text = k8s.render_k8s(M, "xeon6", explain=True).replace("\n#   ", " ")
     assert "random weights of E2B's shape" in text and "not measured here" not in text
     assert container("h100")["resources"]["requests"]["memory"] == "12Gi"
     # Measured at another KV size: each GiB of difference at the measured per-GiB cost.
@@ -625,10 +625,10 @@ def test_the_committed_figures_are_a_servers():
 
 
 def test_the_header_says_where_each_request_comes_from():
-    text = k8s.render_k8s(M, "xeon6").replace("\n#   ", " ")
+    text = k8s.render_k8s(M, "xeon6", explain=True).replace("\n#   ", " ")
     assert "E2B's shape" in text and 'measured, BENCHMARKS.md "E2B at its real size"' in text
     assert "VLLM_CPU_KVCACHE_SPACE=4" in text
-    text = k8s.render_k8s(M, "h100").replace("\n#   ", " ")
+    text = k8s.render_k8s(M, "h100", explain=True).replace("\n#   ", " ")
     assert "measured, BENCHMARKS.md" in text and "checkpoint 10.2 GB" in text
 
 
@@ -694,3 +694,16 @@ def test_the_deployment_page_quotes_the_figures_benchmarks_json_and_the_manifest
         f"held {cache['cache_bytes'] / 2**20:.1f} MiB",
     ]
     assert [q for q in quoted if q not in page] == [], doc
+
+
+def test_the_header_is_short_unless_asked_to_explain():
+    short = k8s.render_k8s(M, "xeon6").split("apiVersion")[0].splitlines()
+    assert len(short) <= 6 and "`python build.py k8s xeon6 --explain`" in " ".join(short)
+    assert "Resources: cpu 8, memory " in short[-2]
+    explained = k8s.render_k8s(M, "xeon6", explain=True).split("apiVersion")[0]
+    assert "terminationGracePeriodSeconds" in explained and "terminationGracePeriodSeconds" not in "".join(short)
+    # The manifests themselves are the same either way.
+    assert (
+        k8s.render_k8s(M, "xeon6").split("apiVersion", 1)[1]
+        == k8s.render_k8s(M, "xeon6", explain=True).split("apiVersion", 1)[1]
+    )
