@@ -16,7 +16,7 @@ import click
 import docker
 from docker.errors import APIError
 
-from gemma4_images.build import emulation, images, owned, pin, probe, tokenizer_copy, wheels
+from gemma4_images.build import emulation, images, owned, pin, probe, pypi, tokenizer_copy, wheels
 from gemma4_images.build import registry as registry_api
 from gemma4_images.build.docker_build import (
     BaseUnavailable,
@@ -309,7 +309,7 @@ def stage_cmd(tokenizer_source):
     the release of --vllm) and each target's BOS tokenizer copy (needed by a plain `docker build` or
     `docker buildx bake`)."""
     m = load()
-    for path in upstream.stage(m):
+    for path in pypi.stage(m):
         click.echo(path)
     for name in m.targets:
         click.echo(tokenizer_copy.stage(m, name, tokenizer_source)[0])

@@ -52,6 +52,7 @@ class Prompt:
 
 def served_template() -> str:
     """The --chat-template the CPU image's launch passes, as the image holds it."""
+    from gemma4_images.build import pypi
     from gemma4_images.spec import matrix, upstream
     from gemma4_images.spec.image_code import gemma4_serve
 
@@ -60,7 +61,7 @@ def served_template() -> str:
     rel = gemma4_serve.flag_value(launch, "--chat-template")
     if rel is None:
         raise RuntimeError(f"{TARGET}'s launch names no --chat-template: {' '.join(launch)}")
-    staged = {p.relative_to(upstream.STAGE).as_posix(): p for p in upstream.stage(m)}
+    staged = {p.relative_to(upstream.STAGE).as_posix(): p for p in pypi.stage(m)}
     return staged[rel].read_text(encoding="utf-8")
 
 

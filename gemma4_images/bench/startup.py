@@ -6,7 +6,7 @@ import shlex
 from pathlib import Path
 
 from gemma4_images.bench.figures import TARGET, TINY, ratio
-from gemma4_images.build import localbase, owned
+from gemma4_images.build import localbase, owned, pypi
 from gemma4_images.spec import matrix, upstream
 from gemma4_images.spec.image_code import gemma4_bench as harness
 from testkit import trained
@@ -83,7 +83,7 @@ def startup_bench(client, log, m: matrix.Matrix, image: str | None = None, round
     ours, bare = startup_commands(client, m, image)
     # The base lacks the file the recipe's --chat-template names (our image copies it in from
     # vLLM's sdist): the bare run gets it mounted at the same place.
-    files = {str(p): str(p.relative_to(upstream.STAGE)) for p in upstream.stage(m)}
+    files = {str(p): str(p.relative_to(upstream.STAGE)) for p in pypi.stage(m)}
     times: dict[str, list[float]] = {"bare": [], "ours": []}
     for n in range(rounds):
         times["bare"].append(time_to_health(base, bare, ["vllm", "serve"], model, files=files))

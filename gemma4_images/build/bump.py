@@ -41,11 +41,12 @@ from pathlib import Path
 import yaml
 
 from gemma4_images.build import pypi, wheels
+from gemma4_images.build.pypi import sdist_member
 from gemma4_images.generate import render
 from gemma4_images.spec import matrix as matrix_mod
 from gemma4_images.spec.matrix import ROOT, Matrix
 from gemma4_images.spec.modules import load_file
-from gemma4_images.spec.upstream import file_sha256, sdist_member
+from gemma4_images.spec.upstream import file_sha256
 
 # What bump may write; it refuses to start while any of them has uncommitted changes.
 WRITES = ("releases", "requirements", "patches", "image/recipes", "FIXES.md", "docker-bake.hcl")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from contextlib import nullcontext
 from pathlib import Path
 
-from gemma4_images.build import emulation, localbase, probe, tokenizer_copy, wheels
+from gemma4_images.build import emulation, localbase, probe, pypi, tokenizer_copy, wheels
 from gemma4_images.build.docker_build import (
     BaseUnavailable,
     BuildSpec,
@@ -16,7 +16,7 @@ from gemma4_images.build.docker_build import (
     pull,
     wrong_platform,
 )
-from gemma4_images.spec import platforms, upstream
+from gemma4_images.spec import platforms
 from gemma4_images.spec.facts import build_args
 from gemma4_images.spec.matrix import ROOT, Matrix, dockerfile_name
 
@@ -98,7 +98,7 @@ def build_target(
     platform = None if p.name == platforms.DEFAULT else p.name  # what tags and stand-ins are named by
     emulation.require(p)  # another architecture than the host's (linux/amd64 too, on an arm64 host)
     tag = tag or matrix.tag(name, platform)
-    upstream.stage(matrix, context / ".build" / "upstream")
+    pypi.stage(matrix, context / ".build" / "upstream")
     _, bos_copy_of = tokenizer_copy.stage(matrix, name, tokenizer_source, context / ".build" / "tokenizer")
     base = resolve_base(client, matrix, name, base_override, log, platform)
     image = local_image(client, base)
@@ -167,7 +167,7 @@ def build_local_base(client, matrix: Matrix, name: str, log, nocache=False, plat
         # (it tries again), not the base's.
         for what, fetch in (
             ("the audio extras", lambda: audio_wheels(connect(), matrix, name, rootfs, log)),
-            ("the upstream files", lambda: upstream.stage(matrix)),
+            ("the upstream files", lambda: pypi.stage(matrix)),
         ):
             try:
                 fetch()

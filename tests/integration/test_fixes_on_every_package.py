@@ -20,7 +20,7 @@ import tarfile
 
 import pytest
 
-from gemma4_images.spec import upstream
+from gemma4_images.build import pypi
 from tests import fix_verdicts as fv
 from tests import fixes_helpers as fx
 
@@ -118,7 +118,7 @@ def test_gaudi_vllm_is_the_cuda_packages_code(client, m):
     cuda = fx.packages()[f"cuda-{m.project.vllm_version}"]
     stage1 = m.targets["gaudi2"].stage1
     pinned = next(iter(m.upstream_files.values()))  # the source release of targets.yaml's vLLM
-    archive = upstream.fetch_sdist(pinned.sdist, pinned.sdist_sha256)
+    archive = pypi.fetch_sdist(pinned.sdist, pinned.sdist_sha256)
     sources = {}
     with tarfile.open(archive) as tar:
         for member in tar.getmembers():

@@ -90,7 +90,7 @@ def build_target_args(m, name, monkeypatch, tmp_path) -> dict[str, str]:
         id = "sha256:" + "0" * 64
         attrs = {"RepoDigests": []}
 
-    monkeypatch.setattr(images.upstream, "stage", lambda *a, **k: [])
+    monkeypatch.setattr(images.pypi, "stage", lambda *a, **k: [])
     monkeypatch.setattr(
         images.tokenizer_copy,
         "stage",

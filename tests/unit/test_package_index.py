@@ -135,7 +135,7 @@ def test_bump_with_a_broken_index_is_one_line_and_changes_nothing(index, monkeyp
 def test_a_timeout_that_is_not_a_number_of_seconds_is_one_line(monkeypatch):
     monkeypatch.setenv("GEMMA4_INDEX_TIMEOUT", "soon")
     with pytest.raises(upstream.UpstreamError, match="GEMMA4_INDEX_TIMEOUT='soon': give the seconds"):
-        upstream.index_timeout()
+        pypi.index_timeout()
 
 
 # -- the chat template: vLLM's source archive --------------------------------------------------------
@@ -212,6 +212,6 @@ def test_stage_names_the_archive_and_the_member_it_lacks(tmp_path, monkeypatch):
         upstream_files={TEMPLATE: SimpleNamespace(sdist="vllm-0.30.0.tar.gz", sdist_sha256=sha(data), member=member)}
     )
     with pytest.raises(upstream.UpstreamError) as refused:
-        upstream.stage(m, tmp_path / "stage")
+        pypi.stage(m, tmp_path / "stage")
     assert str(refused.value).startswith(f"vllm-0.30.0.tar.gz holds no file {member} (upstream file {TEMPLATE}): ")
     assert not (tmp_path / "stage" / TEMPLATE).exists()

@@ -187,12 +187,12 @@ def test_list_shows_each_release_and_marks_the_default():
 def test_staging_follows_the_release_being_built(tmp_path):
     # .build/upstream/ is one folder for every release; a file staged for another release (or
     # changed by hand) is fetched again from this release's sdist, not COPYed as it is.
-    from gemma4_images.spec import upstream
+    from gemma4_images.build import pypi
 
     rel = "examples/tool_chat_template_gemma4.jinja"
-    (staged,) = upstream.stage(matrix.load(), tmp_path)
+    (staged,) = pypi.stage(matrix.load(), tmp_path)
     staged.write_text("{# not vLLM's #}")
-    (staged,) = upstream.stage(matrix.load(vllm="0.32.0"), tmp_path)
+    (staged,) = pypi.stage(matrix.load(vllm="0.32.0"), tmp_path)
     assert staged.read_text() != "{# not vLLM's #}" and "tool_call" in staged.read_text()
     assert json.loads((tmp_path / "sources.json").read_text())[rel].startswith("vllm-0.32.0.tar.gz sha256:")
     assert not (tmp_path / "examples" / "sources.json").exists()  # outside what the Dockerfiles COPY
