@@ -15,6 +15,7 @@ from pathlib import Path
 
 from gemma4_images.bench import fullsize
 from gemma4_images.bench.figures import TARGET
+from gemma4_images.bench.pod import du
 from gemma4_images.spec import matrix
 from gemma4_images.spec.upstream import cache_dir
 
@@ -24,17 +25,13 @@ VOLUME = "gemma4-e2b-test-model-e2b-shape"
 MARGIN = 3 * 10**9  # the server's compile cache, the registry's and the engine's bookkeeping
 
 
-def tree_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-
-
 def preflight(client, weights: int, present: Path | None) -> None:
     """RuntimeError, one line, unless each disk has room for the copies it holds at once. The peak is
     the pull (Docker 20.10 downloads a layer to a file, then unpacks it) beside the registry's copy,
     the folder and the local image already removed; the registry lives in the machine cache, the
     image, the download and the volume in Docker's data root."""
     cache, docker_root = cache_dir(), Path(client.info()["DockerRootDir"])
-    folder = tree_bytes(present) if present else 0  # removed once packed: its room counts as free
+    folder = du(present) if present else 0  # removed once packed: its room counts as free
     if cache.stat().st_dev == docker_root.stat().st_dev:
         needs = {cache: 3 * weights + MARGIN}
     else:  # the folder, then the registry's copy; the image, then download + layer, then image + volume
@@ -59,7 +56,7 @@ def measure(client, log, m: matrix.Matrix) -> dict:
         raise loopback.LoopbackError("docker-registry is not installed: `apt-get install docker-registry`")
     preflight(client, shape.Plan().weight_bytes, cache.cached())
     folder = cache.ensure()
-    size = tree_bytes(folder)
+    size = du(folder)
     image = fullsize.shape_image(client, m, folder, log)
     out: dict = {"folder_bytes": size}
     root = Path(tempfile.mkdtemp(prefix="gemma4-e2b-registry-", dir=cache_dir()))
@@ -77,7 +74,7 @@ def measure(client, log, m: matrix.Matrix) -> dict:
             t = time.monotonic()
             entry = model_image.push(client, built.ref, host, log=log, reports_dir=root / "reports")
             out["push_s"] = time.monotonic() - t
-            out["registry_bytes"] = tree_bytes(root / "data")
+            out["registry_bytes"] = du(root / "data")
             ref = f"{entry['repository']}@{entry['digest']}"
             client.images.remove(built.ref, force=True)
             loopback.forget(client, host)

@@ -72,7 +72,8 @@ def _fresh_volume(root: Path, name: str) -> Path:
     return path
 
 
-def _du(path: Path) -> int:
+def du(path: Path) -> int:
+    """The bytes of every file under path."""
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
@@ -105,7 +106,7 @@ def compile_cache_bench(log, m: matrix.Matrix, image: str, rounds: int = CACHE_R
                 log_text = "\n".join(srv.final_log)
                 if kind == "warm":
                     loaded_from_cache.append(bool(smoke.COMPILE_LOADED.search(log_text)))
-            size = _du(volume)
+            size = du(volume)
             log(
                 f"bench: compile cache round {n + 1}/{rounds}: none {times['none'][-1]:.1f} s, "
                 f"cold {times['cold'][-1]:.1f} s, warm {times['warm'][-1]:.1f} s ({size / 2**20:.1f} MiB cached)"
