@@ -105,9 +105,9 @@ def log(line: str) -> None:
 
 
 def load(name: str | None = None) -> matrix_mod.Matrix:
-    """targets.yaml at the vLLM release of --vllm, else at target name's own release (targets.yaml
-    `vllm`), else at project.vllm_version; read once per command and release (a MatrixError exits 2
-    through Cli.invoke)."""
+    """targets.yaml at the vLLM release of --vllm, else at target name's default release (its
+    family's, targets.yaml `defaults`), else at project.vllm_version; read once per command and
+    release (a MatrixError exits 2 through Cli.invoke)."""
     meta = click.get_current_context().meta
     views = meta.setdefault("matrices", {})
     version = meta.get("vllm")
@@ -131,8 +131,8 @@ VLLM = click.option(
     is_eager=True,
     expose_value=False,
     callback=_vllm_release,
-    help="The vLLM release to use (releases/vllm-VERSION.yaml; default: the target's own, targets.yaml "
-    "`vllm`, else project.vllm_version). `list` shows each target's releases.",
+    help="The vLLM release to use (releases/vllm-VERSION.yaml; default: the target's family's, targets.yaml "
+    "`defaults`). `list` shows each target's releases.",
 )
 
 
@@ -279,7 +279,7 @@ def list_targets(as_json):
         vllm = r["vllm"] + ("*" if r["default"] else "")
         click.echo(fmt.format(name, r["family"], r["hardware"], r["base"], standin, vllm, r["tag"], on))
     if len(views) > 1:
-        click.echo("* the release `build.py` uses for the target without --vllm (targets.yaml `vllm`)")
+        click.echo("* the release `build.py` uses for the target without --vllm (targets.yaml `defaults`)")
 
 
 @cli.command("render")
@@ -683,6 +683,14 @@ def push(
     for name in names:  # every platform checked before anything is pushed
         for p in wanted:
             m.platform(name, p)
+        default = matrix_mod.default_release(load(), name)
+        if moving_tag and m.project.vllm_version != default:
+            fail(
+                f"--moving-tag: the plain {name} tag follows {name}'s default release, vLLM {default}, not "
+                f"{m.project.vllm_version}; push that release, or change defaults.{m.targets[name].family} in "
+                "targets.yaml",
+                2,
+            )
     key = reports.key(names[0], wanted[0] if wanted else None, m.report_release)
     entries = publish.push(
         connect(),

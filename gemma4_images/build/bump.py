@@ -295,7 +295,8 @@ def _fixes(p: Plan, m: Matrix, metas: dict, drops: dict[str, str], accepts, log)
         # A merge where upstream changed lines of a fix's context is clean but unread: it stops
         # the bump below unless the fix is named by --accept-merge.
         results, upstream, images, sha = tool.rebase_onto(old_profile, p.old, theirs, label, accept_merge=True)
-        record = p.release["release"]["fixes"]
+        # Per profile: one release's families can need different ports of the same fix.
+        record = p.release["release"]["fixes"].setdefault(new_profile, {})
         for result in results:
             fix = result["fix"]
             name = fix["name"]

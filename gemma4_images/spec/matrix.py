@@ -306,9 +306,6 @@ class Target(Strict):
     bos_tokenizer: bool = False
     # How long a stop (SIGTERM) may take before the kill: the pod's terminationGracePeriodSeconds.
     shutdown_grace_s: int = 30
-    # The vLLM release `build.py` builds this target on when no --vllm is given (None:
-    # project.vllm_version); a release other than that one has a file in releases/.
-    vllm: str | None = None
 
     @property
     def audio(self) -> bool:
@@ -320,8 +317,17 @@ class Target(Strict):
         return self.fixes.opt_in if self.fixes else []
 
 
+class Default(Strict):
+    """A family's default vLLM release: what `build.py` builds without --vllm, and what the plain
+    <target> tag follows."""
+
+    vllm: str
+    source: str  # why this release: the recipe's pin, or the newest release proven here
+
+
 class Matrix(Strict):
     project: Project
+    defaults: dict[str, Default]  # family -> its default release
     audio_extras: list[str]
     features: dict[str, list[str]]
     strategies: dict[str, str]  # the recipe page's strategy toggle: name -> what it does
@@ -760,19 +766,40 @@ def load(path: Path = TARGETS_FILE, vllm: str | None = None, releases_dir: Path 
             )
             lines.append(f"  {where_key}: {msg}")
         raise MatrixError(f"{where} is invalid:\n" + "\n".join(lines)) from None
-    known = _releases(own, releases_dir)
-    for name, t in m.targets.items():
-        if t.vllm is not None and t.vllm not in known:
-            raise MatrixError(
-                f"{path}: targets.{name}.vllm: no vLLM {t.vllm} release here (known: {', '.join(known)}); "
-                f"add one with `python build.py bump {t.family} --vllm {t.vllm}`"
-            )
+    _check_defaults(m, path, own, releases_dir)
     return m
 
 
+def _check_defaults(m: Matrix, path: Path, own: str, releases_dir: Path) -> None:
+    """Every family has a default release, and that release builds every target of the family."""
+    known = _releases(own, releases_dir)
+    for family in m.families:
+        if family not in m.defaults:
+            raise MatrixError(
+                f"{path}: defaults.{family} is missing: say which vLLM release the family builds by default"
+            )
+    for family, default in m.defaults.items():
+        if family not in m.families:
+            raise MatrixError(f"{path}: defaults.{family}: not a family of targets.yaml")
+        if default.vllm not in known:
+            raise MatrixError(
+                f"{path}: defaults.{family}.vllm: no vLLM {default.vllm} release here (known: {', '.join(known)}); "
+                f"add one with `python build.py bump {family} --vllm {default.vllm}`"
+            )
+        if default.vllm == own or m.overlay:
+            continue
+        built = (_read(release_file(default.vllm, releases_dir), "the release's facts").get("targets") or {}).keys()
+        lacking = [n for n in m.family_targets(family) if n not in built]
+        if lacking:
+            raise MatrixError(
+                f"{path}: defaults.{family}.vllm: vLLM {default.vllm} does not build {', '.join(lacking)}; "
+                f"add them with `python build.py bump {' '.join(lacking)} --vllm {default.vllm}`"
+            )
+
+
 def default_release(matrix: Matrix, name: str) -> str:
-    """The release target name is built on without --vllm."""
-    return matrix.targets[name].vllm or matrix.project.vllm_version
+    """The release target name is built on without --vllm: its family's default."""
+    return matrix.defaults[matrix.targets[name].family].vllm
 
 
 def releases_of(name: str, path: Path = TARGETS_FILE, releases_dir: Path = RELEASES) -> list[str]:

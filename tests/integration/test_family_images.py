@@ -65,39 +65,54 @@ def test_cuda_images_carry_the_real_vllm_and_their_fixes(client, m, built):
     assert states == ["applied"] * len(m.fixes("b300")), states
 
 
-@pytest.mark.parametrize("version", [v for v in matrix.releases_of("b300") if v != matrix.load().project.vllm_version])
-def test_cuda_image_builds_on_each_other_release(client, version):
-    # The release's own CUDA 13.0 stand-in (PyPI vllm at that release, its lock) and every build
+OTHER_RELEASES = [
+    (name, version)
+    for name in ("b300", "ironwood")
+    for version in matrix.releases_of(name)
+    if version != matrix.load().project.vllm_version
+]
+# What tells each family's vLLM and accelerator stack apart in its image.
+STACK = {
+    "cuda": "[v.__version__, torch.version.cuda, u.find_spec('av') is not None]",
+    "tpu": "[md.version('vllm-tpu'), md.version('tpu-inference'), u.find_spec('torchaudio') is None]",
+}
+
+
+@pytest.mark.parametrize("name, version", OTHER_RELEASES, ids=[f"{n}-v{v}" for n, v in OTHER_RELEASES])
+def test_image_builds_on_each_other_release(client, name, version):
+    # The release's own stand-in (the family's PyPI vLLM at that release, its lock) and every build
     # step on it: audio extras, the release's fixes profile (its ports), the self-check and launch
-    # check by that vLLM's parser, the labels. Nothing runs on a GPU.
+    # check by that vLLM's parser, the labels. Nothing runs on a GPU or TPU.
     view = matrix.load(vllm=version)
-    base = localbase.standin_base(client, view, view.targets["b300"].base.standin, print)
+    family = view.targets[name].family
+    base = localbase.standin_base(client, view, view.targets[name].base.standin, print)
     tag = images.build_target(
         client,
         view,
-        "b300",
+        name,
         base_override=base,
         tokenizer_source=str(tiny_model.ensure()),
-        tag=f"gemma4-e2b-test/b300:standin-v{version}",
+        tag=f"gemma4-e2b-test/{name}:standin-v{version}",
         log=print,
     )
     script = (
-        "import json, torch, av, vllm._version as v; "
-        "print(json.dumps([v.__version__, torch.version.cuda, "
+        "import json, torch, importlib.metadata as md, importlib.util as u, vllm._version as v; "
+        f"print(json.dumps([{STACK[family]}, "
         "[(f['name'], f['state'], f.get('port')) for f in json.load(open('/etc/gemma4-e2b/fixes.json'))['fixes']]]))"
     )
-    got, cuda, fixes = probe.python(client, tag, script)
-    assert got == version and cuda == "13.0"
-    profile = view.targets["b300"].fixes.profile
+    stack, fixes = probe.python(client, tag, script)
+    # CUDA: the CUDA 13.0 torch; TPU: vllm-tpu and tpu-inference at the release, no audio extras.
+    assert stack == {"cuda": [version, "13.0", True], "tpu": [version, version, True]}[family], stack
+    profile = view.targets[name].fixes.profile
     ported = {
         n
-        for n in view.fixes("b300")
+        for n in view.fixes(name)
         if profile in json.loads((ROOT / "patches" / n / "fix.json").read_text()).get("ports", {})
     }
-    assert fixes == [[n, "applied", profile if n in ported else None] for n in view.fixes("b300")]
+    assert fixes == [[n, "applied", profile if n in ported else None] for n in view.fixes(name)]
     labels = client.images.get(tag).labels
     assert labels["io.gemma4-images.vllm-version"] == version
-    assert labels["org.opencontainers.image.version"] == f"b300-v{version}"
+    assert labels["org.opencontainers.image.version"] == f"{name}-v{version}"
 
 
 def test_tpu_images_carry_vllm_tpu_on_cpython_3_12_and_their_ported_fixes(client, m, built):

@@ -40,21 +40,29 @@ def hcl_value(value: str, variables: dict[str, str]) -> str:
 
 @pytest.fixture(scope="module")
 def parsed(m):
-    return parse(bake.render_bake(m))
+    return parse(bake.render_bake(m, render.other_releases(m)))
 
 
 def test_one_target_per_row_with_its_dockerfile_and_tag(m, parsed):
     targets = blocks(parsed, "target")
     rows = {f"gemma4-e2b-{name}": name for name in m.targets}
     stage1 = {f"gemma4-e2b-{n}-base" for n, t in m.targets.items() if t.stage1}
-    assert set(targets) == set(rows) | stage1 | {"_common"}
+    releases = {bake.release_target_name(v, n) for v in render.other_releases(m) for n in v.targets}
+    assert set(targets) == set(rows) | stage1 | releases | {"_common"}
     for bake_name, name in rows.items():
         t = targets[bake_name]
         assert t["inherits"] == ["_common"]
         assert t["dockerfile"] == render.dockerfile_name(m.targets[name].family)
         assert t["tags"] == [m.tag(name)]
-    assert blocks(parsed, "group")["default"]["targets"] == list(rows)
-    assert blocks(parsed, "group")["gemma4-e2b-cpu"]["targets"] == ["gemma4-e2b-xeon6"]
+    # the default group: each target at its family's default release (targets.yaml defaults)
+    at_default = [
+        f"gemma4-e2b-{n}"
+        + ("" if (v := matrix.default_release(m, n)) == m.project.vllm_version else f"-v{v.replace('.', '_')}")
+        for n in m.targets
+    ]
+    assert blocks(parsed, "group")["default"]["targets"] == at_default
+    assert "gemma4-e2b-b300-v0_32_0" in at_default and "gemma4-e2b-xeon6" in at_default
+    assert blocks(parsed, "group")["gemma4-e2b-cpu"]["targets"] == [at_default[list(m.targets).index("xeon6")]]
 
 
 def test_shared_settings_live_in_the_abstract_target(parsed):
@@ -75,10 +83,10 @@ def test_per_commit_facts_are_variables_with_defaults(m, parsed):
 
 
 def test_the_file_does_not_change_with_the_checkout(m, monkeypatch):
-    first = bake.render_bake(m)
+    first = bake.render_bake(m, render.other_releases(m))
     monkeypatch.setattr(facts, "revision", lambda: "f" * 40 + "-dirty")
     monkeypatch.setattr(facts, "created", lambda: "2031-01-01T00:00:00Z")
-    assert bake.render_bake(m) == first
+    assert bake.render_bake(m, render.other_releases(m)) == first
 
 
 def build_target_args(m, name, monkeypatch, tmp_path) -> dict[str, str]:
@@ -141,7 +149,7 @@ def test_strings_survive_hcl_escaping(value):
 
 def test_a_broken_file_does_not_parse():
     with pytest.raises(Exception):
-        parse(bake.render_bake(matrix.load()).replace('target "_common" {', 'target "_common" {{'))
+        parse(bake.render_bake(m, render.other_releases(m)).replace('target "_common" {', 'target "_common" {{'))
 
 
 def test_render_writes_the_bake_file(m):
@@ -159,7 +167,7 @@ def test_render_writes_the_bake_file(m):
 def test_buildx_reads_the_same_args(m, tmp_path):
     out = subprocess.run(
         ["docker", "buildx", "bake", "-f", "-", "--print", "gemma4-e2b-h100"],
-        input=bake.render_bake(m),
+        input=bake.render_bake(m, render.other_releases(m)),
         capture_output=True,
         text=True,
         cwd=ROOT,

@@ -97,7 +97,8 @@ def test_run_print_has_the_family_device_flags(target, flags):
     assert r.returncode == 0
     assert flags in r.stdout
     assert "-v $HOME/.cache/huggingface:/root/.cache/huggingface" in r.stdout
-    m = matrix.load()
+    own = matrix.load()
+    m = matrix.load(vllm=matrix.default_release(own, own.resolve(target)))  # the family's default release
     assert r.stdout.strip().endswith(f"{m.tag(m.resolve(target))} --max-model-len 4096")
 
 
@@ -169,7 +170,7 @@ def test_run_without_the_image_names_the_build_and_asks_no_registry(tmp_path, ar
 
 
 def test_build_dry_run_names_dockerfile_args_and_tag():
-    r = cli("build", "b300", "--dry-run", "--build-arg", "FOO=bar")
+    r = cli("build", "b300", "--vllm", "0.30.0", "--dry-run", "--build-arg", "FOO=bar")
     assert r.returncode == 0
     assert "-f Dockerfile.cuda -t gemma4-e2b:b300-v0.30.0" in r.stdout
     # b300 builds on the CUDA 13.0 image, by the digest targets.yaml records for it.
@@ -223,6 +224,12 @@ def test_python_sources_pass_ruff_lint_and_format():
             ["xeon6", "--image", "x:1", "--platform", "linux/amd64,linux/arm64"],
             2,
             "--image names one platform's image; give one --platform",
+        ),
+        # the plain tag follows the family's default release (targets.yaml defaults), not another
+        (
+            ["h100", "--vllm", "0.30.0", "--moving-tag"],
+            2,
+            "--moving-tag: the plain h100 tag follows h100's default release, vLLM 0.32.0, not 0.30.0",
         ),
     ],
 )

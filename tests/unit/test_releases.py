@@ -22,8 +22,8 @@ def v032():
     return matrix.load(vllm="0.32.0")
 
 
-def test_the_committed_0_32_0_release_builds_the_cpu_and_cuda_targets_with_their_own_facts(v032):
-    assert sorted(v032.targets) == ["b200", "b300", "h100", "h200", "xeon6"]
+def test_the_committed_0_32_0_release_builds_its_targets_with_their_own_facts(v032):
+    assert sorted(v032.targets) == ["b200", "b300", "h100", "h200", "ironwood", "trillium", "xeon6"]
     assert v032.overlay and v032.report_release == "0.32.0"
     assert v032.project.vllm_version == "0.32.0" and v032.project.transformers_version == "5.19.0"
     assert v032.tag("xeon6") == "gemma4-e2b:xeon6-v0.32.0"
@@ -33,9 +33,11 @@ def test_the_committed_0_32_0_release_builds_the_cpu_and_cuda_targets_with_their
     assert v032.standin("xeon6").tag == "gemma4-e2b-base/vllm-cpu:v0.32.0-local"
     assert v032.standin("xeon6").lock == "requirements/v0.32.0/cpu-base.lock"
     assert v032.standin("xeon6").dockerfile == "bases/vllm-cpu-local/Dockerfile"  # targets.yaml's, kept
-    # the TPU family's is not in it; the CUDA stand-in's lock is the release's own
-    assert set(v032.standins) == {"vllm-cpu", "vllm-cpu-arm64", "vllm-cuda13", "vllm-cuda13-arm64"}
+    # each stand-in's lock is the release's own
+    assert set(v032.standins) == {"vllm-cpu", "vllm-cpu-arm64", "vllm-cuda13", "vllm-cuda13-arm64", "vllm-tpu"}
     assert v032.standin("b200").lock == "requirements/v0.32.0/cuda-base.lock"
+    assert v032.standin("trillium").lock == "requirements/v0.32.0/tpu-base.lock"
+    assert v032.targets["ironwood"].fixes.profile == "vllm-tpu-0.32.0"
     # a base's facts the release does not change are targets.yaml's (the overlay merges key by key)
     assert v032.base_on("h100").cuda == "12.9" and v032.base_on("h100").image == "vllm/vllm-openai:v0.32.0-cu129"
     assert v032.base_on("h100", "linux/arm64").no_standin == matrix.load().base_on("h100", "linux/arm64").no_standin
@@ -50,7 +52,7 @@ def test_the_committed_0_32_0_release_builds_the_cpu_and_cuda_targets_with_their
 
 
 def test_a_target_the_release_does_not_build_is_one_line(v032):
-    for name in ("gaudi2", "trillium", "mi300x"):
+    for name in ("gaudi2", "mi300x"):
         with pytest.raises(MatrixError, match=f"{name} is not built on vLLM 0.32.0"):
             v032.resolve(name)
     assert v032.resolve("cpu") == "xeon6"  # aliases still resolve
@@ -129,13 +131,28 @@ def test_a_release_file_carries_its_own_version_and_each_targets_base(tmp_path, 
     assert str(e.value).startswith(f"{path}: {says}") and "\n" not in str(e.value)
 
 
-def test_a_targets_own_release_must_exist(tmp_path):
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        (lambda d: d["cpu"].update(vllm="0.31.0"), r"defaults.cpu.vllm: no vLLM 0.31.0 release here .*bump cpu"),
+        (lambda d: d.pop("rocm"), r"defaults.rocm is missing: say which vLLM release"),
+        (lambda d: d.update(fpga={"vllm": OWN, "source": "x"}), r"defaults.fpga: not a family of targets.yaml"),
+        # the default release must build every target of the family
+        (
+            lambda d: d["rocm"].update(vllm="0.32.0"),
+            r"defaults.rocm.vllm: vLLM 0.32.0 does not build mi300x, mi325x, mi350x, mi355x; add them with "
+            r"`python build.py bump mi300x mi325x mi350x mi355x --vllm 0.32.0`",
+        ),
+    ],
+)
+def test_each_familys_default_release_must_exist_and_build_it(tmp_path, change, says):
     raw = yaml.safe_load(matrix.TARGETS_FILE.read_text())
-    raw["targets"]["xeon6"]["vllm"] = "0.31.0"
+    change(raw["defaults"])
     path = tmp_path / "targets.yaml"
     path.write_text(yaml.safe_dump(raw))
-    with pytest.raises(MatrixError, match=r"targets.xeon6.vllm: no vLLM 0.31.0 release here .*bump cpu --vllm 0.31.0"):
+    with pytest.raises(MatrixError, match=says) as e:
         matrix.load(path)
+    assert "\n" not in str(e.value)
 
 
 def test_reports_of_another_release_are_filed_apart():
@@ -153,14 +170,14 @@ def tree(tmp_path):
     return tmp_path
 
 
-def test_a_targets_own_release_is_what_commands_use_without_vllm(tree):
+def test_a_familys_default_release_is_what_commands_use_without_vllm(tree):
     text = (tree / "targets.yaml").read_text()
-    (tree / "targets.yaml").write_text(
-        text.replace("    aliases: [cpu]\n", "    aliases: [cpu]\n    vllm: 0.32.0\n", 1)
-    )
+    cpu = "  cpu:\n    vllm: 0.30.0\n"
+    assert cpu in text
+    (tree / "targets.yaml").write_text(text.replace(cpu, "  cpu:\n    vllm: 0.32.0\n", 1))
     assert build_py("tag", "cpu", cwd=tree).stdout.strip() == "gemma4-e2b:xeon6-v0.32.0"
     assert build_py("tag", "cpu", "--vllm", OWN, cwd=tree).stdout.strip() == f"gemma4-e2b:xeon6-v{OWN}"
-    assert build_py("tag", "b200", cwd=tree).stdout.strip() == f"gemma4-e2b:b200-v{OWN}"
+    assert build_py("tag", "mi355x", cwd=tree).stdout.strip() == f"gemma4-e2b:mi355x-v{OWN}"
     rows = json.loads(build_py("list", "--json", cwd=tree).stdout)
     xeon6 = {r["vllm"]: r["default"] for r in rows if r["target"] == "xeon6"}
     assert xeon6 == {OWN: False, "0.32.0": True}
