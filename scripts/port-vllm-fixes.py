@@ -121,6 +121,12 @@ def port(args):
     return 0
 
 
+def _release_order(profile):
+    """vllm-tpu-0.32.0 -> ((0, 32, 0), 'vllm-tpu-0.32.0')."""
+    version = profile.rsplit("-", 1)[-1]
+    return (tuple(int(x) if x.isdigit() else 0 for x in version.split(".")), profile)
+
+
 def write_port(result, profile, vllm, label, sha, upstream, theirs, images):
     fix = result["fix"]
     folder = os.path.join(PACK, fix["name"])
@@ -160,6 +166,8 @@ def write_port(result, profile, vllm, label, sha, upstream, theirs, images):
     with open(path, encoding="utf-8") as f:
         meta = json.load(f)
     meta.setdefault("ports", {})[profile] = entry
+    # By release, then name: the order FIXES.md lists them in, whichever family was ported first.
+    meta["ports"] = dict(sorted(meta["ports"].items(), key=lambda kv: _release_order(kv[0])))
     with open(path, "w", encoding="utf-8") as f:
         f.write(json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
 
