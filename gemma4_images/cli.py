@@ -31,7 +31,7 @@ from gemma4_images.build.tokenizer_copy import TokenizerError
 from gemma4_images.check import image_contents, running
 from gemma4_images.generate import k8s as k8s_mod
 from gemma4_images.generate import readme, render
-from gemma4_images.publish import model_image, publish, reports, sbom, signing
+from gemma4_images.publish import cosign, model_image, publish, reports, sbom, signing
 from gemma4_images.spec import matrix as matrix_mod
 from gemma4_images.spec import platforms, upstream
 from gemma4_images.spec.image_code import gemma4_serve
@@ -49,6 +49,7 @@ EXPECTED = (
     publish.PushError,
     pin.PinError,
     signing.SigningError,
+    cosign.CosignError,
     registry_api.RegistryError,
     image_contents.ImageError,
     model_image.ModelImageError,
@@ -643,6 +644,19 @@ def smoke(target, image, model, tiny, report, platform):
     help="File holding the signing key's passphrase (else gpg-agent is asked).",
 )
 @click.option(
+    "--cosign-key",
+    type=click.Path(dir_okay=False),
+    envvar="GEMMA4_COSIGN_KEY",
+    help="Sign every pushed manifest with this cosign key and attest the SBOM and provenance to each "
+    "image (cosign's form, read by Kubernetes admission controllers); env GEMMA4_COSIGN_KEY.",
+)
+@click.option(
+    "--cosign-password-file",
+    type=click.Path(exists=True, dir_okay=False),
+    envvar="GEMMA4_COSIGN_PASSWORD_FILE",
+    help="File holding the cosign key's password (else COSIGN_PASSWORD, else none).",
+)
+@click.option(
     "--platform",
     "platform_names",
     multiple=True,
@@ -661,6 +675,8 @@ def push(
     sign_by,
     signatures,
     sign_passphrase_file,
+    cosign_key,
+    cosign_password_file,
     platform_names,
 ):
     """Tag and push TARGETS' images, each platform's (an index joins two or more); attach each
@@ -705,6 +721,8 @@ def push(
         sign_by=sign_by,
         signatures=Path(signatures) if signatures else None,
         passphrase_file=sign_passphrase_file,
+        cosign_key=Path(cosign_key) if cosign_key else None,
+        cosign_password_file=Path(cosign_password_file) if cosign_password_file else None,
         log=log,
     )
     for entry in entries:
@@ -732,13 +750,34 @@ def push(
     metavar="OS/ARCH",
     help=f"For a multi-platform tag: the platform's image to check and copy (default {platforms.DEFAULT}).",
 )
-def verify(ref, key, policy, signatures, dest, attachments_dir, require_attachments, platform):
+@click.option(
+    "--cosign-key",
+    type=click.Path(exists=True, dir_okay=False),
+    help="cosign public key: check cosign's signature (and attestations) instead of the GnuPG policy.",
+)
+def verify(ref, key, policy, signatures, dest, attachments_dir, require_attachments, platform, cosign_key):
     """Check REF's signature under the policy (and its attached SBOM and provenance, themselves
     signed) before deploying it; exit 1 with the reason when it is refused."""
     from gemma4_images.publish import verify as verify_mod
 
     if platform is not None:
         platforms.parse(platform)  # before anything is asked of the registry
+    if cosign_key:
+        if key or policy or signatures or dest:
+            fail(
+                "--cosign-key checks cosign's signatures: --key, --policy, --signatures and --to are the GnuPG path's",
+                2,
+            )
+        result = verify_mod.verify_cosign(
+            ref,
+            Path(cosign_key),
+            attachments_dir=Path(attachments_dir) if attachments_dir else None,
+            require_attestations=require_attachments,
+            platform=platform,
+            log=log,
+        )
+        _say_verified(ref, result)
+        return
     result = verify_mod.verify(
         ref,
         key=Path(key) if key else None,
@@ -750,6 +789,10 @@ def verify(ref, key, policy, signatures, dest, attachments_dir, require_attachme
         platform=platform,
         log=log,
     )
+    _say_verified(ref, result)
+
+
+def _say_verified(ref: str, result: dict) -> None:
     verified = Reference.split(ref)
     if result["index"]:
         click.echo(

@@ -23,6 +23,8 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
 [ "$want" = packages ] && exit 0
+# cosign for signed pushes (bookworm has none): the tests sign and verify with it.
+[ "$want" = test ] && scripts/setup-tools.sh
 
 # The Debian package's own client speaks the daemon's API; any client works for `info`.
 if ! docker info >/dev/null 2>&1; then

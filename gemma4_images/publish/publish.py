@@ -13,7 +13,7 @@ from pathlib import Path
 
 from gemma4_images.build import registry as registry_api
 from gemma4_images.build.docker_build import ANSI, local_image, wrong_platform
-from gemma4_images.publish import attach, index, reports, signing
+from gemma4_images.publish import attach, cosign, index, reports, signing
 from gemma4_images.spec import facts, platforms, reference
 from gemma4_images.spec.matrix import Matrix
 
@@ -247,6 +247,8 @@ def push(
     sign_by: str | None = None,
     signatures: Path | None = None,
     passphrase_file: str | None = None,
+    cosign_key: Path | None = None,
+    cosign_password_file: Path | None = None,
     log=print,
 ) -> list[dict]:
     """Tag and push each target's image, for each of its platforms (chosen_parts), joined by an
@@ -256,9 +258,11 @@ def push(
     there, the files attached and, with sign_by (a GnuPG key), the signatures written to the
     lookaside directory signatures (default reports_dir/signatures); an index's entry holds one
     such entry per platform under "platforms". sources maps a target's report key (xeon6,
-    xeon6-arm64) to the local image to push (default: its tag)."""
+    xeon6-arm64) to the local image to push (default: its tag). With cosign_key, cosign signs
+    every manifest pushed and attests the reports to each image instead (entry "cosign")."""
     repo = repository(matrix, registry)
     reports_dir = Path(reports_dir or reports.folder())
+    cosigner = _cosigner(cosign_key, cosign_password_file, sign_by)
     signer = None
     if sign_by:
         try:
@@ -286,20 +290,45 @@ def push(
                         f"regenerate it for this image (or remove it to push without it)"
                     )
     check_registry(reference.Reference.split(repo).host)
-    steps = [functools.partial(_push_release, client, release, repo, reports_dir, signer, log) for release in plan]
+    steps = [
+        functools.partial(_push_release, client, release, repo, reports_dir, signer, cosigner, log) for release in plan
+    ]
     return run_steps(client, steps, repo, reports_dir)
 
 
-def _push_release(client, release: Release, repo: str, reports_dir: Path, signer, log, created: list[str]) -> dict:
+def _cosigner(key: Path | None, password_file: Path | None, sign_by: str | None):
+    """(key, password file) for cosign, checked before anything is pushed; None without a key."""
+    if key is None:
+        return None
+    if sign_by:
+        raise PushError(
+            "--cosign-key and --sign-by both given: sign with one (cosign's attestations take the "
+            "sha256-<digest>.att tag the GnuPG path attaches the provenance under)"
+        )
+    if not Path(key).is_file():
+        raise PushError(f"--cosign-key {key}: no such file (`cosign generate-key-pair` writes cosign.key)")
+    try:
+        cosign.binary()
+    except cosign.CosignError as e:
+        raise PushError(str(e)) from None
+    return Path(key), Path(password_file) if password_file else None
+
+
+def _push_release(
+    client, release: Release, repo: str, reports_dir: Path, signer, cosigner, log, created: list[str]
+) -> dict:
     """Push, attach and sign each part; then, for several, the index under the target's tags,
-    signed with every platform's manifest (skopeo signs an index's instances with it)."""
+    signed with every platform's manifest (skopeo signs an index's instances with it). With
+    cosign, each part and the index are signed and the reports attested instead."""
     entries = []
     for part in release.parts:
         entry = _push_target(client, release.name, part.source, part.image, repo, part.tags, log, created)
         entry["platform"] = part.platform
-        _attach_and_sign(
-            entry, reports.key(release.name, part.platform, release.report_release), reports_dir, signer, log
-        )
+        key = reports.key(release.name, part.platform, release.report_release)
+        if cosigner:
+            _sign_and_attest(entry, key, reports_dir, cosigner, log)
+        else:
+            _attach_and_sign(entry, key, reports_dir, signer, log)
         entries.append(entry)
     if not release.multi:
         return entries[0]
@@ -326,7 +355,12 @@ def _push_release(client, release: Release, repo: str, reports_dir: Path, signer
         index.put(host, path, tag, data)
         entry["pushed"].append(tag)
         log(f"stored the index of {', '.join(e['platform'] for e in entries)} as {repo}:{tag} {digest}")
-    entry["signatures"] = _sign(host, path, [(t, digest) for t in release.tags], signer, log)
+    if cosigner:
+        entry["signatures"] = []
+        entry["cosign"] = {"signed": cosign.sign(host, path, digest, *cosigner), "attestations": []}
+        log(f"signed {entry['cosign']['signed']} with cosign ({cosigner[0]})")
+    else:
+        entry["signatures"] = _sign(host, path, [(t, digest) for t in release.tags], signer, log)
     return entry
 
 
@@ -354,7 +388,7 @@ def run_steps(client, steps, repo: str, reports_dir: Path) -> list[dict]:
     try:
         for step in steps:
             results.append(step(created))
-    except (PushError, registry_api.RegistryError, signing.SigningError) as e:
+    except (PushError, registry_api.RegistryError, signing.SigningError, cosign.CosignError) as e:
         _forget_created(client, created, results, repo)
         raise e if isinstance(e, PushError) else PushError(str(e)) from None
     finally:
@@ -424,6 +458,24 @@ def _attach_and_sign(entry: dict, key: str, reports_dir: Path, signer, log) -> N
     to_sign = [(t, entry["digest"]) for t in entry["tags"]]
     to_sign += [(a["tag"], a["manifest_digest"]) for a in entry["attachments"]]
     entry["signatures"] = _sign(host, path, to_sign, signer, log)
+
+
+def _sign_and_attest(entry: dict, key: str, reports_dir: Path, cosigner, log) -> None:
+    """cosign signs the entry's pushed digest and attests each report filed under key to it (the
+    SBOM as cyclonedx, the provenance as slsaprovenance1), recorded in entry["cosign"]."""
+    pushed = reference.Reference.split(entry["repository"])
+    host, path = pushed.host, pushed.repository
+    entry["attachments"], entry["signatures"] = [], []
+    signed = cosign.sign(host, path, entry["digest"], *cosigner)
+    entry["cosign"] = {"signed": signed, "attestations": []}
+    log(f"signed {signed} with cosign ({cosigner[0]})")
+    for item in attach.report_attachments(key, reports_dir):
+        if not item.path.is_file():
+            log(f"no {item.path} for {key}: nothing attested")
+            continue
+        done = cosign.attest(host, path, entry["digest"], item.suffix, item.path, *cosigner)
+        entry["cosign"]["attestations"].append(done)
+        log(f"attested {item.path} to {signed} ({done['type']})")
 
 
 def _sign(host: str, path: str, to_sign: list[tuple[str, str]], signer, log) -> list[dict]:

@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 
 from gemma4_images.build import registry as registry_api
-from gemma4_images.publish import attach, reports, signing
+from gemma4_images.publish import attach, cosign, reports, signing
 from gemma4_images.spec import platforms, reference
 
 
@@ -133,3 +133,64 @@ def _verified_attachment(ref: reference.Reference, subject: str, policy: Path, s
         "size": layer["size"],
         "file": Path((layer.get("annotations") or {}).get("org.opencontainers.image.title") or layer["digest"]).name,
     }
+
+
+def verify_cosign(
+    ref: str,
+    key: Path,
+    *,
+    attachments_dir: Path | None = None,
+    require_attestations: bool = False,
+    platform: str | None = None,
+    log=print,
+) -> dict:
+    """What an admission controller checks, by cosign: ref's manifest signed by key (for an index,
+    the index and platform's image, default linux/amd64), then the image's SBOM (cyclonedx) and
+    provenance (slsaprovenance1) attestations, each signed by key with the image as its subject.
+    Raises CosignError (one line) on the first refusal, or on a missing attestation when
+    require_attestations; with attachments_dir, writes each attested in-toto Statement there."""
+    image = reference.Reference.split(ref)
+    host, repository = image.host, image.repository
+    try:
+        registry_api.check(host)
+    except registry_api.RegistryUnavailable as e:
+        raise cosign.CosignError(f"cannot verify {ref}: {e}") from None
+    try:
+        manifest, held = registry_api.platform_manifests(host, repository, image.tag_or_digest)
+    except registry_api.RegistryError as e:
+        raise cosign.CosignError(f"cannot verify {ref}: {e}") from None
+    chosen = platforms.parse(platform).name if held is not None else None
+    index_digest = registry_api.sha256_digest(manifest) if held is not None else None
+    if held is not None:
+        if chosen not in held:
+            raise cosign.CosignError(f"{ref} refused: its index holds {', '.join(held)}, not {chosen}")
+        cosign.verify(host, repository, index_digest, key)
+        digest = held[chosen]
+    else:
+        if platform:
+            try:
+                _check_single_platform(host, repository, manifest, ref, platforms.parse(platform).name)
+            except signing.SigningError as e:
+                raise cosign.CosignError(str(e)) from None
+        digest = registry_api.sha256_digest(manifest)
+    cosign.verify(host, repository, digest, key)
+    log(f"{ref}: cosign signature by {key} accepted ({digest})")
+    found = {}
+    for suffix, (kind, _) in cosign.ATTESTATIONS.items():
+        try:
+            statement = cosign.verify_attestation(host, repository, digest, suffix, key)
+        except cosign.CosignError as e:
+            if require_attestations:
+                raise cosign.CosignError(f"{e} (--require-attachments wants the SBOM and the provenance)") from None
+            log(f"{ref}: no {kind} attestation accepted: {e}")
+            continue
+        if not any(s.get("digest", {}).get("sha256") == digest.partition(":")[2] for s in statement["subject"]):
+            raise cosign.CosignError(f"{ref} refused: its {kind} attestation names another subject")
+        found[kind] = statement
+        log(f"{ref}: {kind} attestation accepted ({statement['predicateType']})")
+    if attachments_dir is not None:
+        Path(attachments_dir).mkdir(parents=True, exist_ok=True)
+        for kind, statement in found.items():
+            (Path(attachments_dir) / f"{kind}.intoto.json").write_text(json.dumps(statement, indent=2) + "\n")
+    attachments = [{"type": kind, "predicate_type": s["predicateType"]} for kind, s in found.items()]
+    return {"reference": ref, "digest": digest, "index": index_digest, "platform": chosen, "attachments": attachments}

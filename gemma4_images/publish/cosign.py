@@ -1,0 +1,125 @@
+"""cosign key-pair signatures and DSSE attestations on what `push` stores: the form Kubernetes
+admission controllers (Sigstore policy-controller, Kyverno, Connaisseur) and `cosign verify` read.
+Offline: no transparency log and no network but the registry's. cosign itself is Debian trixie's
+2.5.0 (requirements/trixie-tools.lock, scripts/setup-tools.sh)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from gemma4_images.build import registry as registry_api
+
+TOOLS = Path(os.environ.get("GEMMA4_TOOLS_DIR", "/usr/local/lib/gemma4-images/bin"))
+# An attachment's suffix (attach.SUFFIXES) -> (cosign's name for its predicate type, the type's
+# URI). Attested by URI: cosign 2.5 re-encodes a `--type slsaprovenance1` predicate through its own
+# struct (measured: metadata.invocationId came back as invocationID); by URI it keeps the bytes.
+ATTESTATIONS = {
+    "sbom": ("cyclonedx", "https://cyclonedx.org/bom"),
+    "att": ("slsaprovenance1", "https://slsa.dev/provenance/v1"),
+}
+
+
+class CosignError(Exception):
+    """cosign refused or failed: one line."""
+
+
+def binary() -> str:
+    found = shutil.which("cosign") or (str(TOOLS / "cosign") if (TOOLS / "cosign").is_file() else None)
+    if found is None:
+        raise CosignError(
+            "cosign is not installed: run scripts/setup-tools.sh (Debian trixie's cosign, "
+            "requirements/trixie-tools.lock)"
+        )
+    return found
+
+
+def _registry_flags(host: str) -> list[str]:
+    # Loopback registries speak plain HTTP, as the engine assumes (registry.scheme).
+    return ["--allow-http-registry"] if registry_api.scheme(host) == "http" else []
+
+
+def _message(stderr: str) -> str:
+    """cosign's own error line, without its usage text."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    errors = [re.sub(r"^Error: ", "", ln) for ln in lines if ln.startswith(("Error:", "error"))]
+    return (errors or lines or ["no output"])[-1]
+
+
+def _run(args: list[str], what: str, password_file: Path | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "COSIGN_YES": "true"}
+    # The key's password: its file, else COSIGN_PASSWORD as cosign reads it, else none (a key made
+    # without one); never a prompt.
+    if password_file is not None:
+        env["COSIGN_PASSWORD"] = Path(password_file).read_text().rstrip("\n")
+    env.setdefault("COSIGN_PASSWORD", "")
+    run = subprocess.run([binary(), *args], capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL)
+    if run.returncode != 0:
+        raise CosignError(f"{what}: {_message(run.stderr)}")
+    return run
+
+
+def sign(host: str, repository: str, digest: str, key: Path, password_file: Path | None = None) -> str:
+    """Sign the manifest host/repository@digest with key; returns what was signed."""
+    ref = f"{host}/{repository}@{digest}"
+    _run(
+        ["sign", "--key", str(key), "--tlog-upload=false", *_registry_flags(host), ref],
+        f"cosign could not sign {ref}",
+        password_file,
+    )
+    return ref
+
+
+def predicate_of(suffix: str, document: Path, folder: Path) -> Path:
+    """What cosign attests for an attachment: the SBOM itself; the provenance Statement's predicate
+    (cosign writes the Statement, its subject the signed image)."""
+    if suffix != "att":
+        return document
+    statement = json.loads(document.read_text())
+    path = folder / "predicate.json"
+    path.write_text(json.dumps(statement["predicate"]) + "\n")
+    return path
+
+
+def attest(host: str, repository: str, digest: str, suffix: str, document: Path, key: Path, password_file=None) -> dict:
+    """Attach document (an attachment of that suffix) to host/repository@digest as a signed DSSE
+    attestation of cosign's predicate type for it."""
+    ref = f"{host}/{repository}@{digest}"
+    kind, uri = ATTESTATIONS[suffix]
+    with tempfile.TemporaryDirectory(prefix="gemma4-cosign-") as tmp:
+        predicate = predicate_of(suffix, document, Path(tmp))
+        _run(
+            ["attest", "--key", str(key), "--type", uri, "--predicate", str(predicate), "--tlog-upload=false"]
+            + [*_registry_flags(host), ref],
+            f"cosign could not attest {document.name} to {ref}",
+            password_file,
+        )
+    return {"type": kind, "file": str(document)}
+
+
+def verify(host: str, repository: str, digest: str, key: Path) -> None:
+    """cosign's check of the manifest's signature by key; CosignError when it has none by that key."""
+    ref = f"{host}/{repository}@{digest}"
+    _run(
+        ["verify", "--key", str(key), "--insecure-ignore-tlog=true", *_registry_flags(host), ref],
+        f"{ref} refused by cosign verify",
+    )
+
+
+def verify_attestation(host: str, repository: str, digest: str, suffix: str, key: Path) -> dict:
+    """cosign's check of the attestation of suffix's type; returns its in-toto Statement."""
+    ref = f"{host}/{repository}@{digest}"
+    kind, _ = ATTESTATIONS[suffix]
+    run = _run(
+        ["verify-attestation", "--key", str(key), "--type", kind, "--insecure-ignore-tlog=true"]
+        + [*_registry_flags(host), ref],
+        f"{ref} refused by cosign verify-attestation --type {kind}",
+    )
+    envelope = json.loads(run.stdout.strip().splitlines()[-1])
+    return json.loads(base64.b64decode(envelope["payload"]))

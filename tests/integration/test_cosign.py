@@ -1,0 +1,183 @@
+"""cosign signatures and attestations from `build.py push --cosign-key`, checked by cosign itself
+(Debian trixie's 2.5.0, what admission controllers' libraries implement) and by `build.py verify
+--cosign-key`, on a real registry on this machine (local_registry.py). The images are the tiny
+FROM-scratch stand-ins of test_signing.py and the SBOM and provenance small stand-in documents:
+what is under test is signing, attesting and verifying."""
+
+import base64
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import local_registry
+import pytest
+from test_signing import DOCKERFILE, REVISION, SIGNED, TARGET, UNSIGNED
+
+from gemma4_images.build import registry as registry_api
+from gemma4_images.check.smoke import Check, Report
+from gemma4_images.publish import cosign
+from tests.cli import build_py
+
+pytestmark = pytest.mark.integration
+SBOM = {"bomFormat": "CycloneDX", "specVersion": "1.6", "version": 1, "components": [{"name": "stand-in"}]}
+# Kept byte for byte: cosign's own slsaprovenance1 encoding renames metadata.invocationId.
+PREDICATE = {
+    "buildDefinition": {"buildType": "stand-in", "externalParameters": {"target": TARGET}},
+    "runDetails": {"builder": {"id": "stand-in"}, "metadata": {"invocationId": "1"}},
+}
+
+
+def run_cosign(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [cosign.binary(), *args], capture_output=True, text=True, env={**os.environ, "COSIGN_YES": "true"}
+    )
+
+
+def key_pair(folder: Path, password: str) -> tuple[Path, Path]:
+    folder.mkdir()
+    made = subprocess.run(
+        [cosign.binary(), "generate-key-pair"],
+        cwd=folder,
+        capture_output=True,
+        env={**os.environ, "COSIGN_PASSWORD": password},
+    )
+    assert made.returncode == 0, made.stderr
+    return folder / "cosign.key", folder / "cosign.pub"
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cosign")
+    key, pub = key_pair(root / "signer", "signer's password")
+    (root / "password").write_text("signer's password\n")
+    _, stranger = key_pair(root / "stranger", "")
+    return {"key": key, "pub": pub, "password": root / "password", "stranger": stranger}
+
+
+@pytest.fixture(scope="module")
+def images(inline_build):
+    dockerfile = DOCKERFILE.format(revision=REVISION)  # test_signing's images, the same tags
+    return (
+        inline_build(dockerfile, SIGNED, files={"probe": "signed\n"}),
+        inline_build(dockerfile, UNSIGNED, files={"probe": "not signed\n"}),
+    )
+
+
+@pytest.fixture
+def registry(client, tmp_path):
+    with local_registry.registry(tmp_path, client) as host:
+        yield f"{host}/gemma4-e2b-test"
+
+
+def reports(folder: Path, image: str) -> Path:
+    """A passing smoke report for image, and stand-in SBOM and provenance documents."""
+    folder.mkdir(exist_ok=True)
+    Report(target=TARGET, image=image, model="tiny", checks=[Check("ready")]).write(folder / f"smoke-{TARGET}.json")
+    (folder / f"sbom-{TARGET}.cdx.json").write_text(json.dumps(SBOM) + "\n")
+    statement = {
+        "_type": "https://in-toto.io/Statement/v1",
+        "subject": [],
+        "predicateType": "https://slsa.dev/provenance/v1",
+        "predicate": PREDICATE,
+    }
+    (folder / f"provenance-{TARGET}.intoto.json").write_text(json.dumps(statement) + "\n")
+    return folder
+
+
+def push(registry, image, folder: Path, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
+    env = {**os.environ, "GEMMA4_REPORTS": str(folder)}
+    run = build_py("push", TARGET, "--image", image, "--registry", registry, *extra, env=env)
+    entries = json.loads((folder / "pushed.json").read_text()) if (folder / "pushed.json").is_file() else []
+    return run, (entries[-1] if entries else {})
+
+
+def signed_push(registry, image, folder, keys):
+    run, entry = push(
+        registry, image, folder, "--cosign-key", str(keys["key"]), "--cosign-password-file", str(keys["password"])
+    )
+    assert run.returncode == 0, run.stderr
+    return entry
+
+
+def verify(ref: str, pub: Path, *extra: str) -> subprocess.CompletedProcess:
+    return build_py("verify", ref, "--cosign-key", str(pub), "--require-attachments", *extra)
+
+
+def one_line_refusal(run: subprocess.CompletedProcess, says: str) -> None:
+    """Exit 1, nothing on stdout, and the last line of the log the one error line naming the refusal."""
+    assert run.returncode == 1 and run.stdout == "", run.stdout
+    lines = run.stderr.splitlines()
+    assert [ln for ln in lines if ln.startswith("error: ")] == lines[-1:] and says in lines[-1], run.stderr
+
+
+def test_cosign_verifies_what_push_signed_and_attested(registry, images, keys, tmp_path):
+    folder = reports(tmp_path / "reports", images[0])
+    entry = signed_push(registry, images[0], folder, keys)
+    by_digest = f"{entry['repository']}@{entry['digest']}"
+    assert entry["cosign"]["signed"] == by_digest
+    assert [a["type"] for a in entry["cosign"]["attestations"]] == ["cyclonedx", "slsaprovenance1"]
+
+    # cosign itself, as a pipeline or an admission controller's library checks it
+    flags = ["--key", str(keys["pub"]), "--insecure-ignore-tlog=true", "--allow-http-registry"]
+    assert run_cosign("verify", *flags, by_digest).returncode == 0
+    for kind, predicate in [("cyclonedx", SBOM), ("slsaprovenance1", PREDICATE)]:
+        got = run_cosign("verify-attestation", *flags, "--type", kind, by_digest)
+        assert got.returncode == 0, got.stderr
+        statement = json.loads(base64.b64decode(json.loads(got.stdout.splitlines()[-1])["payload"]))
+        assert statement["predicate"] == predicate
+        assert statement["subject"][0]["digest"]["sha256"] == entry["digest"].partition(":")[2]
+
+    # and build.py verify, by tag, writing the attested statements out
+    out = tmp_path / "attested"
+    run = verify(f"{entry['repository']}:{entry['tags'][0]}", keys["pub"], "--attachments-dir", str(out))
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == f"verified {entry['repository']}:{entry['tags'][0]}@{entry['digest']}"
+    assert json.loads((out / "cyclonedx.intoto.json").read_text())["predicate"] == SBOM
+
+
+def test_an_unsigned_image_a_retagged_one_and_a_strangers_key_are_refused(registry, images, keys, tmp_path):
+    folder = reports(tmp_path / "reports", images[0])
+    entry = signed_push(registry, images[0], folder, keys)
+    tag = f"{entry['repository']}:{entry['tags'][0]}"
+    one_line_refusal(verify(tag, keys["stranger"]), "refused by cosign verify")
+
+    # the same tag moved to another image, pushed without a signature
+    unsigned = reports(tmp_path / "unsigned", images[1])
+    run, moved = push(registry, images[1], unsigned)
+    assert run.returncode == 0 and moved["digest"] != entry["digest"] and moved["tags"][0] == entry["tags"][0]
+    one_line_refusal(verify(tag, keys["pub"]), "no signatures found")
+
+
+def test_a_tampered_attestation_is_refused(registry, images, keys, tmp_path):
+    folder = reports(tmp_path / "reports", images[0])
+    entry = signed_push(registry, images[0], folder, keys)
+    host, path = entry["repository"].split("/", 1)
+    # The SBOM's DSSE envelope rewritten in the registry: a component added to its statement, the
+    # signature kept (what someone without the key can do).
+    tag = entry["digest"].replace(":", "-") + ".att"
+    data, media_type = registry_api.get_manifest(host, path, tag)
+    manifest = json.loads(data)
+    for layer in manifest["layers"]:
+        envelope = json.loads(registry_api.get_blob(host, path, layer["digest"]))
+        statement = json.loads(base64.b64decode(envelope["payload"]))
+        if statement["predicateType"] != "https://cyclonedx.org/bom":
+            continue
+        statement["predicate"]["components"].append({"name": "smuggled"})
+        envelope["payload"] = base64.b64encode(json.dumps(statement).encode()).decode()
+        body = json.dumps(envelope).encode()
+        layer["digest"], layer["size"] = registry_api.push_blob(host, path, body), len(body)
+    registry_api.put_manifest(host, path, tag, json.dumps(manifest).encode(), media_type)
+    one_line_refusal(
+        verify(f"{entry['repository']}@{entry['digest']}", keys["pub"]),
+        "refused by cosign verify-attestation --type cyclonedx",
+    )
+
+
+def test_push_refuses_a_missing_key_and_both_signers_before_pushing(registry, images, keys, tmp_path):
+    folder = reports(tmp_path / "reports", images[0])
+    run, _ = push(registry, images[0], folder, "--cosign-key", str(tmp_path / "nothing.key"))
+    assert run.returncode == 1 and "--cosign-key" in run.stderr and "no such file" in run.stderr, run.stderr
+    run, _ = push(registry, images[0], folder, "--cosign-key", str(keys["key"]), "--sign-by", "ABCDEF")
+    assert run.returncode == 1 and "--cosign-key and --sign-by both given" in run.stderr, run.stderr
+    assert not (folder / "pushed.json").exists()
