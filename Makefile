@@ -7,7 +7,7 @@ PYTEST_ARGS ?= -m "not device and not platform and not fullsize"
 LANES ?= 2
 
 .DEFAULT_GOAL := help
-.PHONY: help host host-build emulation quickstart image images base bump render lint lock smoke check-fixes port-fixes test test-fast test-arm64 test-fullsize list bench
+.PHONY: help host host-build emulation tools release quickstart image images base bump render lint lock smoke check-fixes port-fixes test test-fast test-arm64 test-fullsize list bench
 
 help: ## Show targets and variables
 	@echo "usage: make <target> [HW=<hardware>]"
@@ -23,6 +23,13 @@ host: ## Install and start what builds and tests need (Docker engine, mmdebstrap
 # Building and serving need only requirements/build.lock: no torch, a tenth of the tests' venv.
 host-build: ## The same with the build venv only (what building and serving images need)
 	@scripts/setup-host.sh build
+
+tools: ## Install cosign (Debian trixie's, sha256-pinned in requirements/trixie-tools.lock) for signed pushes
+	@scripts/setup-tools.sh
+
+release: host-build tools ## Build, smoke, push signed by cosign, verify: make release HW=cpu REGISTRY=R COSIGN_KEY=cosign.key [RELEASE_ARGS=--tiny] [VLLM=...]
+	@test -n "$(REGISTRY)" -a -n "$(COSIGN_KEY)" || { echo "usage: make release HW=<target> REGISTRY=HOST/NS COSIGN_KEY=cosign.key [RELEASE_ARGS=--tiny]"; exit 2; }
+	$(PY) build.py release $(HW) --registry $(REGISTRY) --cosign-key $(COSIGN_KEY) $(if $(VLLM),--vllm $(VLLM)) $(RELEASE_ARGS)
 
 quickstart: host-build ## Build the CPU image with no registry or hub, serve a tiny Gemma 4, get answers
 	$(PY) build.py base cpu

@@ -727,6 +727,7 @@ def push(
     )
     for entry in entries:
         click.echo(f"{entry['repository']}@{entry['digest']}")
+    return entries
 
 
 @cli.command()
@@ -755,13 +756,21 @@ def push(
     type=click.Path(exists=True, dir_okay=False),
     help="cosign public key: check cosign's signature (and attestations) instead of the GnuPG policy.",
 )
-def verify(ref, key, policy, signatures, dest, attachments_dir, require_attachments, platform, cosign_key):
+@click.option(
+    "--policy-out",
+    type=click.Path(file_okay=False),
+    help="With --cosign-key: write the sigstoreSigned policy.json and registries.d that skopeo, podman "
+    "and CRI-O enforce here, after skopeo has accepted the image under them.",
+)
+def verify(ref, key, policy, signatures, dest, attachments_dir, require_attachments, platform, cosign_key, policy_out):
     """Check REF's signature under the policy (and its attached SBOM and provenance, themselves
     signed) before deploying it; exit 1 with the reason when it is refused."""
     from gemma4_images.publish import verify as verify_mod
 
     if platform is not None:
         platforms.parse(platform)  # before anything is asked of the registry
+    if policy_out and not cosign_key:
+        fail("--policy-out writes the policy for cosign's signatures: give --cosign-key", 2)
     if cosign_key:
         if key or policy or signatures or dest:
             fail(
@@ -774,6 +783,7 @@ def verify(ref, key, policy, signatures, dest, attachments_dir, require_attachme
             attachments_dir=Path(attachments_dir) if attachments_dir else None,
             require_attestations=require_attachments,
             platform=platform,
+            policy_dir=Path(policy_out) if policy_out else None,
             log=log,
         )
         _say_verified(ref, result)
@@ -790,6 +800,55 @@ def verify(ref, key, policy, signatures, dest, attachments_dir, require_attachme
         log=log,
     )
     _say_verified(ref, result)
+
+
+@cli.command()
+@click.argument("target", type=TARGET)
+@click.option("--registry", required=True, metavar="HOST[:PORT]/NAMESPACE", callback=registry_spec)
+@click.option(
+    "--cosign-key",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    envvar="GEMMA4_COSIGN_KEY",
+    help="The cosign key push signs and attests with; env GEMMA4_COSIGN_KEY.",
+)
+@click.option(
+    "--cosign-pub",
+    type=click.Path(exists=True, dir_okay=False),
+    help="The public key verify checks with (default: the key's file with .pub, as cosign generate-key-pair names it).",
+)
+@click.option(
+    "--cosign-password-file",
+    type=click.Path(exists=True, dir_okay=False),
+    envvar="GEMMA4_COSIGN_PASSWORD_FILE",
+    help="File holding the cosign key's password (else COSIGN_PASSWORD, else none).",
+)
+@click.option(
+    "--tiny", is_flag=True, help="Build, smoke and push the tiny test model's image (no hub, no accelerator)."
+)
+@click.option("--moving-tag", is_flag=True, help="Also move the plain <target> tag (its default release only).")
+@VLLM
+@click.pass_context
+def release(ctx, target, registry, cosign_key, cosign_pub, cosign_password_file, tiny, moving_tag):
+    """Build TARGET, smoke-test it on this machine's accelerator, push it signed and attested by
+    cosign, then verify what the registry holds: the steps a release pipeline runs, in one command."""
+    pub = cosign_pub or str(Path(cosign_key).with_suffix(".pub"))
+    if not Path(pub).is_file():
+        fail(f"no public key {pub} beside --cosign-key: give it with --cosign-pub", 2)
+    ctx.invoke(build, targets=(target,), tiny=tiny, tokenizer_source=None)
+    ctx.invoke(smoke, target=target, tiny=tiny)
+    m = load(target)
+    entries = ctx.invoke(
+        push,
+        targets=(target,),
+        registry=registry,
+        image=m.tiny_tag(target) if tiny else None,
+        moving_tag=moving_tag,
+        cosign_key=cosign_key,
+        cosign_password_file=cosign_password_file,
+    )
+    for entry in entries:
+        ctx.invoke(verify, ref=f"{entry['repository']}:{entry['tags'][0]}", cosign_key=pub, require_attachments=True)
 
 
 def _say_verified(ref: str, result: dict) -> None:

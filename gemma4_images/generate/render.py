@@ -9,7 +9,7 @@ from pathlib import Path
 
 import jinja2
 
-from gemma4_images.generate import bake, readme
+from gemma4_images.generate import bake, pipelines, readme
 from gemma4_images.spec.facts import BUILD_FACTS
 from gemma4_images.spec.matrix import PROFILES, ROOT, TOKENIZER_PATH, Matrix, dockerfile_name, views
 
@@ -73,6 +73,7 @@ def render_all(matrix: Matrix, others: list[Matrix] | None = None, root: Path = 
     out["FIXES.md"] = fixes_table(matrix, others)
     out[bake.BAKE_FILE] = bake.render_bake(matrix, others)
     out[readme.README] = readme.render(matrix, others, root)  # its prose is root's own
+    out.update(pipelines.render(matrix))
     return out
 
 

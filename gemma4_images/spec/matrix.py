@@ -126,6 +126,8 @@ class Family(Strict):
     # Set for the build's self-check only (it runs on the build host, with no device): not in the
     # image, whose device and platform are the ones it is deployed on.
     self_check_env: dict[str, str] = {}
+    # The labels of the self-hosted CI runner a release job of the family runs on (its hardware).
+    runner: list[str]
 
 
 class Standin(Strict):

@@ -189,8 +189,8 @@ def test_render_check_fails_on_drift_and_names_the_fix(tmp_path):
             continue
         (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / item)
     for generated in render.render_all(matrix.load()):
-        if "/" not in generated:
-            shutil.copy(ROOT / generated, tmp_path / generated)
+        (tmp_path / generated).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / generated, tmp_path / generated)
     assert cli("render", "--check", cwd=tmp_path).returncode == 0
     (tmp_path / "Dockerfile.cpu").write_text((tmp_path / "Dockerfile.cpu").read_text() + "# hand edit\n")
     (tmp_path / "image" / "recipes" / "retired.json").write_text("{}")
