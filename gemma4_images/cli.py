@@ -1135,9 +1135,10 @@ def provenance_cmd(target, image, out, verify_path):
     "--drop",
     "drops",
     multiple=True,
-    metavar="FIX=UPSTREAM_CHANGE",
-    help="Leave a vLLM-level fix out of VERSION's profile: its tests passed on VERSION's own code; name the "
-    "upstream change that fixed it (recorded in the release file and FIXES.md).",
+    metavar="FIX=WHY",
+    help="Leave a vLLM-level fix out of VERSION's profile, saying why: the upstream change that fixed it "
+    "(its tests passed on VERSION's own code), or why the family never runs the code it changes "
+    "(recorded in the release file).",
 )
 @click.option(
     "--accept-merge",
@@ -1167,7 +1168,7 @@ def bump(names, version, drops, accepts, check):
     for pair in drops:
         fix, _, why = pair.partition("=")
         if not why.strip():
-            fail(f"--drop {pair!r}: name the upstream change that fixed it: --drop {fix}=<commit or PR>", 2)
+            fail(f"--drop {pair!r}: say why: --drop {fix}=<the upstream change that fixed it, or why it never runs>", 2)
         dropped[fix] = why.strip()
     for name in names:
         if name not in m.families:

@@ -18,8 +18,9 @@ Facts and where they come from:
 - the fixes: each vLLM-level fix of the targets' profile rebased onto VERSION's files
   (scripts/port-vllm-fixes.py): the same file needs no port; a clean merge is written as a port; a
   conflict stops the bump unless a person wrote the port (patches/<fix>/ports/<profile>.diff and
-  its fix.json entry) or dropped the fix (--drop FIX=UPSTREAM_CHANGE, recorded in the release file
-  and FIXES.md). Then the new profile must apply to VERSION's files (apply_all.py --check).
+  its fix.json entry) or dropped the fix (--drop FIX=WHY: the upstream change that fixed it, or why
+  the family never runs its code; recorded in the release file). Then the new profile must apply
+  to VERSION's files (apply_all.py --check).
 """
 
 from __future__ import annotations
@@ -309,7 +310,7 @@ def _fixes(p: Plan, m: Matrix, metas: dict, drops: dict[str, str], accepts, log)
                 " (upstream changed lines of its context: git's merge taken with --accept-merge)" if accepted else ""
             )
             if name in drops:
-                record[name] = {"state": "dropped", "fixed_upstream_by": drops[name]}
+                record[name] = {"state": "dropped", "why": drops[name]}
             elif tool.same_file(result, sha):
                 record[name] = {"state": "same file"}
             elif kept:
@@ -340,7 +341,7 @@ def _fixes(p: Plan, m: Matrix, metas: dict, drops: dict[str, str], accepts, log)
                     f"patches/{name}/ports/{new_profile}.diff with its fix.json ports entry "
                     "(scripts/port-vllm-fixes.py shows the merge), take git's merge with --accept-merge "
                     f"{name} if upstream only changed lines around it (above: read them first), or drop it with "
-                    f"--drop {name}=UPSTREAM_CHANGE if {p.version} fixed it"
+                    f"--drop {name}=WHY if {p.version} fixed it or the family never runs it"
                 )
             log(f"  {name:<30} {record[name]['state']}")
         kept = [f for f in prof["generic"] + prof["opt_in"] if f not in drops]
