@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -1148,8 +1149,16 @@ def provenance_cmd(target, image, out, verify_path):
     help="Take git's clean merge of FIX where upstream changed lines of its context (bump shows them: read "
     "them first).",
 )
+@click.option(
+    "--override",
+    "overrides",
+    multiple=True,
+    metavar="REQUIREMENT=WHY",
+    help="Pin REQUIREMENT (NAME==VERSION) in the release's stand-ins in place of what its vLLM pins, saying "
+    "why (e.g. the pinned release is not on the index); recorded in the release file.",
+)
 @click.option("--check", is_flag=True, help="Only say which families' vLLM has a newer release on the index (exit 1).")
-def bump(names, version, drops, accepts, check):
+def bump(names, version, drops, accepts, overrides, check):
     """Build FAMILY's targets (or the TARGETs) on vLLM VERSION beside their own release: writes
     releases/vllm-VERSION.yaml, the stand-ins' locks, the fixes' ports and profile, the recipes and
     FIXES.md, and prints what changed; a failure leaves the tree as it was."""
@@ -1170,6 +1179,12 @@ def bump(names, version, drops, accepts, check):
         if not why.strip():
             fail(f"--drop {pair!r}: say why: --drop {fix}=<the upstream change that fixed it, or why it never runs>", 2)
         dropped[fix] = why.strip()
+    pinned = {}
+    for pair in overrides:
+        found = re.fullmatch(r"([A-Za-z0-9_.-]+==[A-Za-z0-9_.+-]+)=(.*\S.*)", pair, re.S)
+        if not found:
+            fail(f"--override {pair!r}: give NAME==VERSION=WHY, e.g. --override 'flashinfer-python==0.7.4=<why>'", 2)
+        pinned[found[1]] = found[2].strip()
     for name in names:
         if name not in m.families:
             try:
@@ -1180,7 +1195,7 @@ def bump(names, version, drops, accepts, check):
     if dirty:
         fail(f"uncommitted changes to files bump writes: {', '.join(dirty)}; commit or stash them first", 2)
     try:
-        p = bump_mod.plan(m, list(names), version, dropped, accepts, log=log)
+        p = bump_mod.plan(m, list(names), version, dropped, accepts, log=log, overrides=pinned)
         written = bump_mod.write(p, log=log)
     except bump_mod.BumpError as e:
         fail(f"{e}; nothing was changed", e.code)

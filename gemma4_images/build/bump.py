@@ -30,6 +30,7 @@ import difflib
 import functools
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -105,7 +106,13 @@ def bumped(text: str, old: str, new: str, what: str) -> str:
 
 
 def plan(
-    m: Matrix, names: list[str], version: str, drops: dict[str, str], accepts: tuple[str, ...] = (), log=print
+    m: Matrix,
+    names: list[str],
+    version: str,
+    drops: dict[str, str],
+    accepts: tuple[str, ...] = (),
+    log=print,
+    overrides: dict[str, str] | None = None,
 ) -> Plan:
     old = m.project.vllm_version
     if version == old:
@@ -143,13 +150,14 @@ def plan(
     _transformers(p, m, metas, published)
     _audio(p, m, metas, published)
     _upstream(p, m, log)
-    _bases(p, m)
+    _bases(p, m, overrides or {})
     _fixes(p, m, metas, drops, accepts, log)
     # The commands that wrote the file, in order: running them again on the release before it
     # writes the same facts (tests/integration/test_bump.py does).
     command = " ".join(
         ["python build.py bump", *names, "--vllm", version]
-        + [f"--drop {fix}={why}" for fix, why in drops.items()]
+        + [f"--drop {shlex.quote(f'{fix}={why}')}" for fix, why in drops.items()]
+        + [f"--override {shlex.quote(f'{req}={why}')}" for req, why in (overrides or {}).items()]
         + [f"--accept-merge {fix}" for fix in accepts]
     )
     commands = release["release"].setdefault("commands", [])
@@ -244,7 +252,11 @@ def _upstream(p: Plan, m: Matrix, log=print) -> None:
     p.release["upstream_files"] = out
 
 
-def _bases(p: Plan, m: Matrix) -> None:
+def _bases(p: Plan, m: Matrix, overrides: dict[str, str]) -> None:
+    """Each target's base and stand-in at the release; overrides ({requirement: why}) replace what
+    the family's vLLM pins in its stand-ins' locks, each reason recorded in the release file."""
+    if overrides:
+        p.release["release"].setdefault("overrides", {}).update(overrides)
     standins = p.release.setdefault("standins", {})
     targets = p.release.setdefault("targets", {})
     for name in p.targets:
@@ -270,6 +282,7 @@ def _bases(p: Plan, m: Matrix) -> None:
                 "tag": bumped(s.tag, p.old, p.version, f"stand-in {key}'s tag"),
                 "stands_for": bumped(s.stands_for, p.old, p.version, f"stand-in {key}'s stands_for"),
                 "lock": str(new_lock),
+                **({"overrides": sorted(set(s.overrides) | set(overrides))} if overrides else {}),
             }
             p.changes.append((f"stand-in {key}", s.tag, standins[key]["tag"]))
 
