@@ -237,3 +237,21 @@ def test_push_refuses_a_platform_in_one_line_before_the_registry_is_asked(args, 
     run = cli("push", *args, "--registry", "127.0.0.1:1/ns")
     assert run.returncode == code and run.stderr.count("\n") == 1, run.stderr
     assert run.stderr.startswith(f"error: {message}") and run.stdout == ""
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--override", "flashinfer-python"], "--override 'flashinfer-python': give NAME==VERSION=WHY"),
+        (
+            ["--override", "flashinfer-python==0.7.4= "],
+            "--override 'flashinfer-python==0.7.4= ': give NAME==VERSION=WHY",
+        ),
+        (["--override", "flashinfer-python>=0.7=why"], "--override 'flashinfer-python>=0.7=why': give NAME==VERSION"),
+        (["--drop", "logprobs-decode-guard="], "--drop 'logprobs-decode-guard=': say why"),
+    ],
+)
+def test_bump_refuses_a_reasonless_drop_or_override_before_the_index_is_asked(args, says):
+    run = cli("bump", "cpu", "--vllm", "0.99.0", *args)
+    assert run.returncode == 2 and run.stdout == "" and run.stderr.count("\n") == 1, run.stderr
+    assert run.stderr.startswith(f"error: {says}")
