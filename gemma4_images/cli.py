@@ -757,21 +757,13 @@ def push(
     type=click.Path(exists=True, dir_okay=False),
     help="cosign public key: check cosign's signature (and attestations) instead of the GnuPG policy.",
 )
-@click.option(
-    "--policy-out",
-    type=click.Path(file_okay=False),
-    help="With --cosign-key: write the sigstoreSigned policy.json and registries.d that skopeo, podman "
-    "and CRI-O enforce here, after skopeo has accepted the image under them.",
-)
-def verify(ref, key, policy, signatures, dest, attachments_dir, require_attachments, platform, cosign_key, policy_out):
+def verify(ref, key, policy, signatures, dest, attachments_dir, require_attachments, platform, cosign_key):
     """Check REF's signature under the policy (and its attached SBOM and provenance, themselves
     signed) before deploying it; exit 1 with the reason when it is refused."""
     from gemma4_images.publish import verify as verify_mod
 
     if platform is not None:
         platforms.parse(platform)  # before anything is asked of the registry
-    if policy_out and not cosign_key:
-        fail("--policy-out writes the policy for cosign's signatures: give --cosign-key", 2)
     if cosign_key:
         if key or policy or signatures or dest:
             fail(
@@ -784,7 +776,6 @@ def verify(ref, key, policy, signatures, dest, attachments_dir, require_attachme
             attachments_dir=Path(attachments_dir) if attachments_dir else None,
             require_attestations=require_attachments,
             platform=platform,
-            policy_dir=Path(policy_out) if policy_out else None,
             log=log,
         )
         _say_verified(ref, result)
@@ -828,9 +819,10 @@ def verify(ref, key, policy, signatures, dest, attachments_dir, require_attachme
     "--tiny", is_flag=True, help="Build, smoke and push the tiny test model's image (no hub, no accelerator)."
 )
 @click.option("--moving-tag", is_flag=True, help="Also move the plain <target> tag (its default release only).")
+@click.option("--allow-dirty", is_flag=True, help="Push an image built from uncommitted changes (tagged …-dirty).")
 @VLLM
 @click.pass_context
-def release(ctx, target, registry, cosign_key, cosign_pub, cosign_password_file, tiny, moving_tag):
+def release(ctx, target, registry, cosign_key, cosign_pub, cosign_password_file, tiny, moving_tag, allow_dirty):
     """Build TARGET, smoke-test it on this machine's accelerator, push it signed and attested by
     cosign, then verify what the registry holds: the steps a release pipeline runs, in one command."""
     pub = cosign_pub or str(Path(cosign_key).with_suffix(".pub"))
@@ -845,6 +837,7 @@ def release(ctx, target, registry, cosign_key, cosign_pub, cosign_password_file,
         registry=registry,
         image=m.tiny_tag(target) if tiny else None,
         moving_tag=moving_tag,
+        allow_dirty=allow_dirty,
         cosign_key=cosign_key,
         cosign_password_file=cosign_password_file,
     )

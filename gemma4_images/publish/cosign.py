@@ -123,29 +123,3 @@ def verify_attestation(host: str, repository: str, digest: str, suffix: str, key
     )
     envelope = json.loads(run.stdout.strip().splitlines()[-1])
     return json.loads(base64.b64decode(envelope["payload"]))
-
-
-def policy(identity: str, pub: Path) -> dict:
-    """containers-policy.json(5) that accepts only identity's images (a repository) signed by pub in
-    cosign's form (`sigstoreSigned`): what skopeo, podman and CRI-O enforce, with registries_d."""
-    rule = {
-        "type": "sigstoreSigned",
-        "keyPath": str(Path(pub).resolve()),
-        "signedIdentity": {"type": "matchRepository"},
-    }
-    return {"default": [{"type": "reject"}], "transports": {"docker": {identity: [rule]}}}
-
-
-def registries_d(host: str) -> str:
-    """The registries.d(5) entry that makes them read cosign's signatures from host (its .sig tags)."""
-    # YAML is a superset of JSON: the host keeps its ':port' quoted.
-    return json.dumps({"docker": {host: {"use-sigstore-attachments": True}}}, indent=2) + "\n"
-
-
-def write_policy(folder: Path, identity: str, host: str, pub: Path) -> tuple[Path, Path]:
-    """folder/policy.json and folder/registries.d/gemma4-images.yaml; returns both paths."""
-    (folder / "registries.d").mkdir(parents=True, exist_ok=True)
-    path = folder / "policy.json"
-    path.write_text(json.dumps(policy(identity, pub), indent=2) + "\n")
-    (folder / "registries.d" / "gemma4-images.yaml").write_text(registries_d(host))
-    return path, folder / "registries.d"

@@ -225,18 +225,6 @@ def policy_copy(ref: str, policy: Path, lookaside: str, folder: Path, platform: 
     return registry_api.sha256_digest((folder / "manifest.json").read_bytes())
 
 
-def policy_copy_sigstore(ref: str, policy: Path, registries_d: Path, folder: Path) -> None:
-    """skopeo copy ref into folder under a sigstoreSigned policy, the signatures where registries_d
-    says (the registry's own .sig tags); SigningError with skopeo's reason when refused."""
-    host = reference.Reference.split(ref).host
-    _run(
-        ["--policy", str(policy), "--registries.d", str(registries_d), "copy", "--quiet", *_authfile()]
-        + _tls(host, "src")
-        + [f"docker://{ref}", f"dir:{folder}"],
-        f"{ref} refused",
-    )
-
-
 def copy_out(folder: Path, dest: str) -> None:
     """Copy a checked dir: layout on to dest (any skopeo transport: docker-daemon:, oci:, docker://)."""
     tls = (

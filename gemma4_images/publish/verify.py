@@ -142,16 +142,13 @@ def verify_cosign(
     attachments_dir: Path | None = None,
     require_attestations: bool = False,
     platform: str | None = None,
-    policy_dir: Path | None = None,
     log=print,
 ) -> dict:
     """What an admission controller checks, by cosign: ref's manifest signed by key (for an index,
     the index and platform's image, default linux/amd64), then the image's SBOM (cyclonedx) and
     provenance (slsaprovenance1) attestations, each signed by key with the image as its subject.
     Raises CosignError (one line) on the first refusal, or on a missing attestation when
-    require_attestations; with attachments_dir, writes each attested in-toto Statement there. With
-    policy_dir, writes a sigstoreSigned policy.json and registries.d for skopeo, podman and CRI-O
-    there, and skopeo enforces it on the image too."""
+    require_attestations; with attachments_dir, writes each attested in-toto Statement there."""
     image = reference.Reference.split(ref)
     host, repository = image.host, image.repository
     try:
@@ -178,14 +175,6 @@ def verify_cosign(
         digest = registry_api.sha256_digest(manifest)
     cosign.verify(host, repository, digest, key)
     log(f"{ref}: cosign signature by {key} accepted ({digest})")
-    if policy_dir is not None:
-        enforced, conf = cosign.write_policy(Path(policy_dir), image.full_name, host, key)
-        with tempfile.TemporaryDirectory() as tmp:
-            try:
-                signing.policy_copy_sigstore(f"{image.full_name}@{digest}", enforced, conf, Path(tmp) / "image")
-            except signing.SigningError as e:
-                raise cosign.CosignError(f"{e} (skopeo, under {enforced})") from None
-        log(f"{ref}: skopeo accepted it under {enforced} (sigstoreSigned, {conf})")
     found = {}
     for suffix, (kind, _) in cosign.ATTESTATIONS.items():
         try:

@@ -128,25 +128,13 @@ def test_cosign_verifies_what_push_signed_and_attested(registry, images, keys, t
         assert statement["predicate"] == predicate
         assert statement["subject"][0]["digest"]["sha256"] == entry["digest"].partition(":")[2]
 
-    # and build.py verify, by tag, writing the attested statements and the sigstoreSigned policy out
-    out, policy = tmp_path / "attested", tmp_path / "policy"
+    # and build.py verify, by tag, writing the attested statements out
+    out = tmp_path / "attested"
     tag = f"{entry['repository']}:{entry['tags'][0]}"
-    run = verify(tag, keys["pub"], "--attachments-dir", str(out), "--policy-out", str(policy))
+    run = verify(tag, keys["pub"], "--attachments-dir", str(out))
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == f"verified {entry['repository']}:{entry['tags'][0]}@{entry['digest']}"
     assert json.loads((out / "cyclonedx.intoto.json").read_text())["predicate"] == SBOM
-    # the policy as skopeo (podman, CRI-O) enforces it, outside build.py
-    assert skopeo_under(policy, tag, tmp_path / "copied").returncode == 0
-
-
-def skopeo_under(policy: Path, ref: str, dest: Path) -> subprocess.CompletedProcess:
-    """skopeo copy ref to a dir: layout under the written policy.json and registries.d."""
-    return subprocess.run(
-        ["skopeo", "--policy", str(policy / "policy.json"), "--registries.d", str(policy / "registries.d")]
-        + ["copy", "--src-tls-verify=false", f"docker://{ref}", f"dir:{dest}"],
-        capture_output=True,
-        text=True,
-    )
 
 
 def test_an_unsigned_image_a_retagged_one_and_a_strangers_key_are_refused(registry, images, keys, tmp_path):
@@ -154,16 +142,12 @@ def test_an_unsigned_image_a_retagged_one_and_a_strangers_key_are_refused(regist
     entry = signed_push(registry, images[0], folder, keys)
     tag = f"{entry['repository']}:{entry['tags'][0]}"
     one_line_refusal(verify(tag, keys["stranger"]), "refused by cosign verify")
-    policy = tmp_path / "policy"
-    assert verify(tag, keys["pub"], "--policy-out", str(policy)).returncode == 0
 
     # the same tag moved to another image, pushed without a signature
     unsigned = reports(tmp_path / "unsigned", images[1])
     run, moved = push(registry, images[1], unsigned)
     assert run.returncode == 0 and moved["digest"] != entry["digest"] and moved["tags"][0] == entry["tags"][0]
     one_line_refusal(verify(tag, keys["pub"]), "no signatures found")
-    refused = skopeo_under(policy, tag, tmp_path / "copied")
-    assert refused.returncode != 0 and "signature" in refused.stderr, refused.stderr
 
 
 def test_a_tampered_attestation_is_refused(registry, images, keys, tmp_path):
