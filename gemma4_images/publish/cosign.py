@@ -65,6 +65,11 @@ def _run(args: list[str], what: str, password_file: Path | None = None) -> subpr
     return run
 
 
+def check_key(key: Path, password_file: Path | None = None) -> None:
+    """The key opens with its password (cosign derives its public key): checked before a push."""
+    _run(["public-key", "--key", str(key)], f"cosign cannot use {key}", password_file)
+
+
 def sign(host: str, repository: str, digest: str, key: Path, password_file: Path | None = None) -> str:
     """Sign the manifest host/repository@digest with key; returns what was signed."""
     ref = f"{host}/{repository}@{digest}"

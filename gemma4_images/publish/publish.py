@@ -307,11 +307,12 @@ def _cosigner(key: Path | None, password_file: Path | None, sign_by: str | None)
         )
     if not Path(key).is_file():
         raise PushError(f"--cosign-key {key}: no such file (`cosign generate-key-pair` writes cosign.key)")
+    password = Path(password_file) if password_file else None
     try:
-        cosign.binary()
+        cosign.check_key(Path(key), password)
     except cosign.CosignError as e:
         raise PushError(str(e)) from None
-    return Path(key), Path(password_file) if password_file else None
+    return Path(key), password
 
 
 def _push_release(

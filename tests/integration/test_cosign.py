@@ -181,4 +181,8 @@ def test_push_refuses_a_missing_key_and_both_signers_before_pushing(registry, im
     assert run.returncode == 1 and "--cosign-key" in run.stderr and "no such file" in run.stderr, run.stderr
     run, _ = push(registry, images[0], folder, "--cosign-key", str(keys["key"]), "--sign-by", "ABCDEF")
     assert run.returncode == 1 and "--cosign-key and --sign-by both given" in run.stderr, run.stderr
+    wrong = tmp_path / "wrong-password"
+    wrong.write_text("not the signer's\n")
+    run, _ = push(registry, images[0], folder, "--cosign-key", str(keys["key"]), "--cosign-password-file", str(wrong))
+    assert run.returncode == 1 and f"cosign cannot use {keys['key']}" in run.stderr, run.stderr
     assert not (folder / "pushed.json").exists()
