@@ -58,6 +58,14 @@ EXPECTED = (
     readme.ReadmeError,
 )
 
+# push and release take the cosign key's password the same way.
+COSIGN_PASSWORD_FILE = click.option(
+    "--cosign-password-file",
+    type=click.Path(exists=True, dir_okay=False),
+    envvar="GEMMA4_COSIGN_PASSWORD_FILE",
+    help="File holding the cosign key's password (else COSIGN_PASSWORD, else none).",
+)
+
 # Every command that builds or runs one platform's image takes it the same way.
 PLATFORM = click.option(
     "--platform",
@@ -651,12 +659,7 @@ def smoke(target, image, model, tiny, report, platform):
     help="Sign every pushed manifest with this cosign key and attest the SBOM and provenance to each "
     "image (cosign's form, read by Kubernetes admission controllers); env GEMMA4_COSIGN_KEY.",
 )
-@click.option(
-    "--cosign-password-file",
-    type=click.Path(exists=True, dir_okay=False),
-    envvar="GEMMA4_COSIGN_PASSWORD_FILE",
-    help="File holding the cosign key's password (else COSIGN_PASSWORD, else none).",
-)
+@COSIGN_PASSWORD_FILE
 @click.option(
     "--platform",
     "platform_names",
@@ -809,12 +812,7 @@ def verify(ref, key, policy, signatures, dest, attachments_dir, require_attachme
     type=click.Path(exists=True, dir_okay=False),
     help="The public key verify checks with (default: the key's file with .pub, as cosign generate-key-pair names it).",
 )
-@click.option(
-    "--cosign-password-file",
-    type=click.Path(exists=True, dir_okay=False),
-    envvar="GEMMA4_COSIGN_PASSWORD_FILE",
-    help="File holding the cosign key's password (else COSIGN_PASSWORD, else none).",
-)
+@COSIGN_PASSWORD_FILE
 @click.option(
     "--tiny", is_flag=True, help="Build, smoke and push the tiny test model's image (no hub, no accelerator)."
 )

@@ -31,6 +31,7 @@ sys.path.insert(0, REPO)
 
 from gemma4_images.build import wheels  # noqa: E402
 from gemma4_images.spec import pycode  # noqa: E402
+from gemma4_images.spec.matrix import version_key  # noqa: E402
 from gemma4_images.spec.modules import load_file  # noqa: E402
 
 PACK = os.path.join(REPO, "patches")
@@ -121,12 +122,6 @@ def port(args):
     return 0
 
 
-def _release_order(profile):
-    """vllm-tpu-0.32.0 -> ((0, 32, 0), 'vllm-tpu-0.32.0')."""
-    version = profile.rsplit("-", 1)[-1]
-    return (tuple(int(x) if x.isdigit() else 0 for x in version.split(".")), profile)
-
-
 def write_port(result, profile, vllm, label, sha, upstream, theirs, images):
     fix = result["fix"]
     folder = os.path.join(PACK, fix["name"])
@@ -167,7 +162,7 @@ def write_port(result, profile, vllm, label, sha, upstream, theirs, images):
         meta = json.load(f)
     meta.setdefault("ports", {})[profile] = entry
     # By release, then name: the order FIXES.md lists them in, whichever family was ported first.
-    meta["ports"] = dict(sorted(meta["ports"].items(), key=lambda kv: _release_order(kv[0])))
+    meta["ports"] = dict(sorted(meta["ports"].items(), key=lambda kv: (version_key(kv[0].rsplit("-", 1)[-1]), kv[0])))
     with open(path, "w", encoding="utf-8") as f:
         f.write(json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
 

@@ -156,9 +156,9 @@ def verify_cosign(
     except registry_api.RegistryUnavailable as e:
         raise cosign.CosignError(f"cannot verify {ref}: {e}") from None
     try:
-        manifest, held = registry_api.platform_manifests(host, repository, image.tag_or_digest)
-    except registry_api.RegistryError as e:
-        raise cosign.CosignError(f"cannot verify {ref}: {e}") from None
+        manifest, held = _platforms_held(host, repository, image.tag_or_digest, ref)
+    except signing.SigningError as e:
+        raise cosign.CosignError(str(e)) from None
     chosen = platforms.parse(platform).name if held is not None else None
     index_digest = registry_api.sha256_digest(manifest) if held is not None else None
     if held is not None:
