@@ -35,22 +35,22 @@ variable "WHEELS_URL" {
 group "default" {
   targets = [
     "gemma4-e2b-gaudi2",
-    "gemma4-e2b-h100-v0_32_0",
-    "gemma4-e2b-h200-v0_32_0",
-    "gemma4-e2b-b200-v0_32_0",
-    "gemma4-e2b-b300-v0_32_0",
+    "gemma4-e2b-h100-v0_34_0",
+    "gemma4-e2b-h200-v0_34_0",
+    "gemma4-e2b-b200-v0_34_0",
+    "gemma4-e2b-b300-v0_34_0",
     "gemma4-e2b-mi300x",
     "gemma4-e2b-mi325x",
     "gemma4-e2b-mi350x",
     "gemma4-e2b-mi355x",
-    "gemma4-e2b-xeon6",
+    "gemma4-e2b-xeon6-v0_32_0",
     "gemma4-e2b-trillium-v0_32_0",
     "gemma4-e2b-ironwood-v0_32_0",
   ]
 }
 
 group "gemma4-e2b-cpu" {
-  targets = ["gemma4-e2b-xeon6"]
+  targets = ["gemma4-e2b-xeon6-v0_32_0"]
 }
 
 # vLLM 0.32.0 (releases/vllm-0.32.0.yaml): run `python build.py stage --vllm 0.32.0` first.
@@ -63,6 +63,16 @@ group "gemma4-e2b-v0_32_0" {
     "gemma4-e2b-b300-v0_32_0",
     "gemma4-e2b-trillium-v0_32_0",
     "gemma4-e2b-ironwood-v0_32_0",
+  ]
+}
+
+# vLLM 0.34.0 (releases/vllm-0.34.0.yaml): run `python build.py stage --vllm 0.34.0` first.
+group "gemma4-e2b-v0_34_0" {
+  targets = [
+    "gemma4-e2b-h100-v0_34_0",
+    "gemma4-e2b-h200-v0_34_0",
+    "gemma4-e2b-b200-v0_34_0",
+    "gemma4-e2b-b300-v0_34_0",
   ]
 }
 
@@ -820,6 +830,162 @@ target "gemma4-e2b-ironwood-v0_32_0" {
     "io.gemma4-images.model"               = "google/gemma-4-E2B-it"
     "io.gemma4-images.vllm-version"        = "0.32.0"
     "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    "io.gemma4-images.tokenizer"           = ""
+  }
+}
+
+target "gemma4-e2b-h100-v0_34_0" {
+  inherits = ["_common"]
+  dockerfile = "Dockerfile.cuda"
+  tags = ["gemma4-e2b:h100-v0.34.0"]
+  args = {
+    BASE_IMAGE           = "vllm/vllm-openai:v0.34.0-cu129"
+    GEMMA4_FIXES_PROFILE = "vllm-0.34.0"
+    GEMMA4_FIXES_OPT_IN  = "gemma4-required-tool-grammar gemma4-buffered-tool-args"
+    GEMMA4_AUDIO_EXTRAS  = "av==18.1.0 scipy==1.17.1 soundfile==0.14.0 soxr==1.1.0 mistral_common[audio]"
+    GEMMA4_WHEELS_URL    = "${WHEELS_URL}"
+    GEMMA4_TITLE         = "google/gemma-4-E2B-it on vLLM 0.34.0 (NVIDIA H100)"
+    GEMMA4_SOURCE        = "https://github.com/gemma4-images/gemma4-images"
+    GEMMA4_REVISION      = "${REVISION}"
+    GEMMA4_VERSION       = "h100-v0.34.0"
+    GEMMA4_CREATED       = "${CREATED}"
+    GEMMA4_BASE_NAME     = "vllm/vllm-openai:v0.34.0-cu129"
+    GEMMA4_BASE_DIGEST   = ""
+    GEMMA4_TARGET        = "h100"
+    GEMMA4_MODEL_ID      = "google/gemma-4-E2B-it"
+    GEMMA4_VLLM_VERSION  = "0.34.0"
+    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,cpu-compile-cache-load,cpu-embedding-gemm-on-use,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    GEMMA4_BOS_COPY_OF   = ""
+  }
+  labels = {
+    "org.opencontainers.image.title"       = "google/gemma-4-E2B-it on vLLM 0.34.0 (NVIDIA H100)"
+    "org.opencontainers.image.source"      = "https://github.com/gemma4-images/gemma4-images"
+    "org.opencontainers.image.revision"    = "${REVISION}"
+    "org.opencontainers.image.version"     = "h100-v0.34.0"
+    "org.opencontainers.image.created"     = "${CREATED}"
+    "org.opencontainers.image.base.name"   = "vllm/vllm-openai:v0.34.0-cu129"
+    "org.opencontainers.image.base.digest" = ""
+    "io.gemma4-images.target"              = "h100"
+    "io.gemma4-images.model"               = "google/gemma-4-E2B-it"
+    "io.gemma4-images.vllm-version"        = "0.34.0"
+    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,cpu-compile-cache-load,cpu-embedding-gemm-on-use,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    "io.gemma4-images.tokenizer"           = ""
+  }
+}
+
+target "gemma4-e2b-h200-v0_34_0" {
+  inherits = ["_common"]
+  dockerfile = "Dockerfile.cuda"
+  tags = ["gemma4-e2b:h200-v0.34.0"]
+  args = {
+    BASE_IMAGE           = "vllm/vllm-openai:v0.34.0-cu129"
+    GEMMA4_FIXES_PROFILE = "vllm-0.34.0"
+    GEMMA4_FIXES_OPT_IN  = "gemma4-required-tool-grammar gemma4-buffered-tool-args"
+    GEMMA4_AUDIO_EXTRAS  = "av==18.1.0 scipy==1.17.1 soundfile==0.14.0 soxr==1.1.0 mistral_common[audio]"
+    GEMMA4_WHEELS_URL    = "${WHEELS_URL}"
+    GEMMA4_TITLE         = "google/gemma-4-E2B-it on vLLM 0.34.0 (NVIDIA H200)"
+    GEMMA4_SOURCE        = "https://github.com/gemma4-images/gemma4-images"
+    GEMMA4_REVISION      = "${REVISION}"
+    GEMMA4_VERSION       = "h200-v0.34.0"
+    GEMMA4_CREATED       = "${CREATED}"
+    GEMMA4_BASE_NAME     = "vllm/vllm-openai:v0.34.0-cu129"
+    GEMMA4_BASE_DIGEST   = ""
+    GEMMA4_TARGET        = "h200"
+    GEMMA4_MODEL_ID      = "google/gemma-4-E2B-it"
+    GEMMA4_VLLM_VERSION  = "0.34.0"
+    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,cpu-compile-cache-load,cpu-embedding-gemm-on-use,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    GEMMA4_BOS_COPY_OF   = ""
+  }
+  labels = {
+    "org.opencontainers.image.title"       = "google/gemma-4-E2B-it on vLLM 0.34.0 (NVIDIA H200)"
+    "org.opencontainers.image.source"      = "https://github.com/gemma4-images/gemma4-images"
+    "org.opencontainers.image.revision"    = "${REVISION}"
+    "org.opencontainers.image.version"     = "h200-v0.34.0"
+    "org.opencontainers.image.created"     = "${CREATED}"
+    "org.opencontainers.image.base.name"   = "vllm/vllm-openai:v0.34.0-cu129"
+    "org.opencontainers.image.base.digest" = ""
+    "io.gemma4-images.target"              = "h200"
+    "io.gemma4-images.model"               = "google/gemma-4-E2B-it"
+    "io.gemma4-images.vllm-version"        = "0.34.0"
+    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,cpu-compile-cache-load,cpu-embedding-gemm-on-use,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    "io.gemma4-images.tokenizer"           = ""
+  }
+}
+
+target "gemma4-e2b-b200-v0_34_0" {
+  inherits = ["_common"]
+  dockerfile = "Dockerfile.cuda"
+  tags = ["gemma4-e2b:b200-v0.34.0"]
+  args = {
+    BASE_IMAGE           = "vllm/vllm-openai:v0.34.0"
+    GEMMA4_FIXES_PROFILE = "vllm-0.34.0"
+    GEMMA4_FIXES_OPT_IN  = "gemma4-required-tool-grammar gemma4-buffered-tool-args"
+    GEMMA4_AUDIO_EXTRAS  = "av==18.1.0 scipy==1.17.1 soundfile==0.14.0 soxr==1.1.0 mistral_common[audio]"
+    GEMMA4_WHEELS_URL    = "${WHEELS_URL}"
+    GEMMA4_TITLE         = "google/gemma-4-E2B-it on vLLM 0.34.0 (NVIDIA B200)"
+    GEMMA4_SOURCE        = "https://github.com/gemma4-images/gemma4-images"
+    GEMMA4_REVISION      = "${REVISION}"
+    GEMMA4_VERSION       = "b200-v0.34.0"
+    GEMMA4_CREATED       = "${CREATED}"
+    GEMMA4_BASE_NAME     = "vllm/vllm-openai:v0.34.0"
+    GEMMA4_BASE_DIGEST   = ""
+    GEMMA4_TARGET        = "b200"
+    GEMMA4_MODEL_ID      = "google/gemma-4-E2B-it"
+    GEMMA4_VLLM_VERSION  = "0.34.0"
+    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,cpu-compile-cache-load,cpu-embedding-gemm-on-use,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    GEMMA4_BOS_COPY_OF   = ""
+  }
+  labels = {
+    "org.opencontainers.image.title"       = "google/gemma-4-E2B-it on vLLM 0.34.0 (NVIDIA B200)"
+    "org.opencontainers.image.source"      = "https://github.com/gemma4-images/gemma4-images"
+    "org.opencontainers.image.revision"    = "${REVISION}"
+    "org.opencontainers.image.version"     = "b200-v0.34.0"
+    "org.opencontainers.image.created"     = "${CREATED}"
+    "org.opencontainers.image.base.name"   = "vllm/vllm-openai:v0.34.0"
+    "org.opencontainers.image.base.digest" = ""
+    "io.gemma4-images.target"              = "b200"
+    "io.gemma4-images.model"               = "google/gemma-4-E2B-it"
+    "io.gemma4-images.vllm-version"        = "0.34.0"
+    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,cpu-compile-cache-load,cpu-embedding-gemm-on-use,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    "io.gemma4-images.tokenizer"           = ""
+  }
+}
+
+target "gemma4-e2b-b300-v0_34_0" {
+  inherits = ["_common"]
+  dockerfile = "Dockerfile.cuda"
+  tags = ["gemma4-e2b:b300-v0.34.0"]
+  args = {
+    BASE_IMAGE           = "vllm/vllm-openai:v0.34.0"
+    GEMMA4_FIXES_PROFILE = "vllm-0.34.0"
+    GEMMA4_FIXES_OPT_IN  = "gemma4-required-tool-grammar gemma4-buffered-tool-args"
+    GEMMA4_AUDIO_EXTRAS  = "av==18.1.0 scipy==1.17.1 soundfile==0.14.0 soxr==1.1.0 mistral_common[audio]"
+    GEMMA4_WHEELS_URL    = "${WHEELS_URL}"
+    GEMMA4_TITLE         = "google/gemma-4-E2B-it on vLLM 0.34.0 (NVIDIA B300)"
+    GEMMA4_SOURCE        = "https://github.com/gemma4-images/gemma4-images"
+    GEMMA4_REVISION      = "${REVISION}"
+    GEMMA4_VERSION       = "b300-v0.34.0"
+    GEMMA4_CREATED       = "${CREATED}"
+    GEMMA4_BASE_NAME     = "vllm/vllm-openai:v0.34.0"
+    GEMMA4_BASE_DIGEST   = ""
+    GEMMA4_TARGET        = "b300"
+    GEMMA4_MODEL_ID      = "google/gemma-4-E2B-it"
+    GEMMA4_VLLM_VERSION  = "0.34.0"
+    GEMMA4_FIXES         = "logprobs-decode-guard,shutdown-ends-requests,cpu-compile-cache-load,cpu-embedding-gemm-on-use,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
+    GEMMA4_BOS_COPY_OF   = ""
+  }
+  labels = {
+    "org.opencontainers.image.title"       = "google/gemma-4-E2B-it on vLLM 0.34.0 (NVIDIA B300)"
+    "org.opencontainers.image.source"      = "https://github.com/gemma4-images/gemma4-images"
+    "org.opencontainers.image.revision"    = "${REVISION}"
+    "org.opencontainers.image.version"     = "b300-v0.34.0"
+    "org.opencontainers.image.created"     = "${CREATED}"
+    "org.opencontainers.image.base.name"   = "vllm/vllm-openai:v0.34.0"
+    "org.opencontainers.image.base.digest" = ""
+    "io.gemma4-images.target"              = "b300"
+    "io.gemma4-images.model"               = "google/gemma-4-E2B-it"
+    "io.gemma4-images.vllm-version"        = "0.34.0"
+    "io.gemma4-images.fixes"               = "logprobs-decode-guard,shutdown-ends-requests,cpu-compile-cache-load,cpu-embedding-gemm-on-use,gemma4-required-tool-grammar,gemma4-buffered-tool-args"
     "io.gemma4-images.tokenizer"           = ""
   }
 }

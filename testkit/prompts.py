@@ -56,7 +56,7 @@ def served_template() -> str:
     from gemma4_images.spec import matrix, upstream
     from gemma4_images.spec.image_code import gemma4_serve
 
-    m = matrix.load()
+    m = matrix.load_default(TARGET)  # the CPU image the smoke serves
     launch = gemma4_serve.compose(m.recipe(TARGET), {}, [])
     rel = gemma4_serve.flag_value(launch, "--chat-template")
     if rel is None:

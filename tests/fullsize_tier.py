@@ -1,8 +1,8 @@
 """When CI runs the full-size tier (tests/integration/test_fullsize.py: random weights of E2B's shape,
 10.2 GB, served by the CPU image; `make test-fullsize`, alone on the machine): when what it proves
-has changed since it last passed (tests/tier.py). INPUTS: the shape, the CPU image's files and
-base lock, the fixes pack, and the tier's own code; RECORD (committed) holds their digest and the
-figures of the last pass.
+has changed since it last passed (tests/tier.py). INPUTS: the shape, the CPU image's files, the
+fixes pack, and the tier's own code (cpu_facts adds the CPU default's release and base lock);
+RECORD (committed) holds their digest and the figures of the last pass.
 
     python -m tests.fullsize_tier --current | --record | --clean
 """
@@ -18,7 +18,6 @@ INPUTS = [
     "Dockerfile.cpu",
     "image",
     "patches",
-    "requirements/cpu-base.lock",
     "bases/vllm-cpu-local",
     "gemma4_images/bench/fullsize.py",
     "tests/integration/test_fullsize.py",
@@ -28,11 +27,18 @@ INPUTS = [
 
 
 def cpu_facts() -> dict:
-    """targets.yaml's xeon6 target and CPU family: its launch, run options, pod resources."""
+    """targets.yaml's xeon6 target and CPU family at the CPU default: its release, launch, run
+    options, pod resources, and its stand-in with the lock it installs."""
     from gemma4_images.spec import matrix
 
-    m = matrix.load()
-    return {"xeon6": m.targets["xeon6"].model_dump(), "cpu": m.families["cpu"].model_dump()}
+    m = matrix.load_default("xeon6")  # the tier serves the CPU default's image
+    standin = m.standin("xeon6")
+    return {
+        "xeon6": m.targets["xeon6"].model_dump(),
+        "cpu": m.families["cpu"].model_dump(),
+        "vllm": m.project.vllm_version,
+        "standin": {**standin.model_dump(), "lock_text": standin.lock_path.read_text()},
+    }
 
 
 def remove_folder() -> list[str]:

@@ -31,10 +31,13 @@ def platform_facts() -> dict:
     """targets.yaml's platform parts: every target's other platforms and the stand-ins for them."""
     from gemma4_images.spec import matrix, platforms
 
-    m = matrix.load()
+    # At each target's default release: the tier builds what the CLI builds without --vllm.
+    views = {n: matrix.load_default(n) for n in matrix.load().targets}
     return {
-        "targets": {n: {p: b.model_dump() for p, b in t.base.platforms.items()} for n, t in m.targets.items()},
-        "standins": {k: s.model_dump() for k, s in m.standins.items() if s.platform != platforms.DEFAULT},
+        "targets": {n: {p: b.model_dump() for p, b in v.targets[n].base.platforms.items()} for n, v in views.items()},
+        "standins": {
+            k: s.model_dump() for v in views.values() for k, s in v.standins.items() if s.platform != platforms.DEFAULT
+        },
     }
 
 

@@ -18,7 +18,7 @@ import os
 import time
 from pathlib import Path
 
-from gemma4_images.bench.figures import OUT, RESULTS, Scenario, scenario_table
+from gemma4_images.bench.figures import OUT, RESULTS, TARGET, Scenario, scenario_table
 from gemma4_images.bench.harness import serving_bench
 from gemma4_images.bench.load import load_bench
 from gemma4_images.bench.rebuild import build_bench
@@ -53,7 +53,7 @@ def main(
     os.environ.setdefault(OFFLINE, "1")
     client = connect()
     owned.reap(client, log)
-    m = matrix.load()
+    m = matrix.load_default(TARGET)  # the CPU default, as `build.py build cpu` builds it
     results: dict = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     timings: dict = results.setdefault("timings", {})
     if build:

@@ -804,6 +804,11 @@ def default_release(matrix: Matrix, name: str) -> str:
     return matrix.defaults[matrix.targets[name].family].vllm
 
 
+def load_default(name: str, path: Path = TARGETS_FILE, releases_dir: Path = RELEASES) -> Matrix:
+    """targets.yaml at target name's default release (its family's)."""
+    return load(path, default_release(load(path, None, releases_dir), name), releases_dir)
+
+
 def releases_of(name: str, path: Path = TARGETS_FILE, releases_dir: Path = RELEASES) -> list[str]:
     """The vLLM releases target name is built on, in release order."""
     return [v for v, view in views(path, releases_dir).items() if name in view.targets]

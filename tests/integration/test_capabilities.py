@@ -35,6 +35,7 @@ PIECES = {
     ),
 }
 PREFIX = "gemma4-serve: self-check: "
+CPU = matrix.load_default("xeon6")  # cpu_image's release
 
 
 def self_check(client, image, shell: str, recipe: str | None = None) -> tuple[int, list[str]]:
@@ -42,7 +43,7 @@ def self_check(client, image, shell: str, recipe: str | None = None) -> tuple[in
     check reads that target's committed recipe (what its own image bakes) instead of the image's."""
     kw = {}
     if recipe:
-        path = matrix.ROOT / matrix.load().recipe_file(recipe)
+        path = matrix.ROOT / CPU.recipe_file(recipe)  # at the CPU image's release
         assert path.is_file(), path  # else docker would make an empty folder there to bind
         kw = {
             "environment": {"GEMMA4_RECIPE": "/tmp/recipe.json"},
@@ -100,7 +101,7 @@ def test_a_cuda_target_names_the_tag_that_carries_its_runtime(client, cpu_image)
     assert code == 1
     assert problems == [
         "gemma4-serve: self-check: h100: the base's torch is built for no CUDA, h100 "
-        "expects CUDA 12.9: build on vllm/vllm-openai:v0.30.0-cu129"
+        f"expects CUDA 12.9: build on {CPU.targets['h100'].base.image}"
     ]
 
 

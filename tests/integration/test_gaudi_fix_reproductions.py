@@ -65,11 +65,11 @@ def snapshot(dest: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def test_image(cpu_base, inline_build):
+def test_image(own_cpu_base, inline_build):
     from gemma4_images.build import wheels
 
     files = {f"wheels/{wheels.wheel(r).name}": wheels.wheel(r) for r in PYTEST_WHEELS}
-    return inline_build(DOCKERFILE, IMAGE, {"BASE": cpu_base}, files)
+    return inline_build(DOCKERFILE, IMAGE, {"BASE": own_cpu_base}, files)
 
 
 def test_every_gaudi_fix_reproduction_runs_and_passes(client, test_image, tmp_path):

@@ -20,14 +20,14 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def gaudi_base(client, cpu_base):
+def gaudi_base(client, own_cpu_base):
     def make(version):
         tag = f"gemma4-e2b-standin/vllm-gaudi-synth:{version.replace('+', '-')}"
         with tempfile.TemporaryDirectory() as ctx:
             gaudi_standin.write_context(Path(ctx), version)
             build(
                 client,
-                BuildSpec(dockerfile="Dockerfile", tag=tag, context=Path(ctx), buildargs={"BASE": cpu_base}),
+                BuildSpec(dockerfile="Dockerfile", tag=tag, context=Path(ctx), buildargs={"BASE": own_cpu_base}),
                 print,
             )
         return tag
@@ -36,10 +36,10 @@ def gaudi_base(client, cpu_base):
 
 
 @pytest.fixture(scope="module")
-def gaudi_image(client, m, gaudi_base):
+def gaudi_image(client, own, gaudi_base):
     return images.build_target(
         client,
-        m,
+        own,
         "gaudi2",
         base_override=gaudi_base("0.30.0+g058f107"),
         tokenizer_source=str(tiny_model.ensure()),
@@ -52,18 +52,18 @@ def run(client, image, args, **kw):
     return client.containers.run(image, args, remove=True, network_mode="host", **kw).decode()
 
 
-def test_launch_is_the_gaudi_recipe_with_the_baked_tokenizer(client, m, gaudi_image):
-    assert shlex.split(run(client, gaudi_image, ["--print-command"])) == m.recipe_launch("gaudi2")
+def test_launch_is_the_gaudi_recipe_with_the_baked_tokenizer(client, own, gaudi_image):
+    assert shlex.split(run(client, gaudi_image, ["--print-command"])) == own.recipe_launch("gaudi2")
     out = run(client, gaudi_image, ["-c", "ls /opt/gemma4-e2b/tokenizer"], entrypoint=["sh"])
     assert "tokenizer.json" in out.split()
 
 
-def test_fixes_are_applied_recorded_and_labelled(client, m, gaudi_image):
+def test_fixes_are_applied_recorded_and_labelled(client, own, gaudi_image):
     manifest = json.loads(run(client, gaudi_image, ["/etc/gemma4-e2b/fixes.json"], entrypoint=["cat"]))
-    assert [f["name"] for f in manifest["fixes"]] == m.fixes("gaudi2")
+    assert [f["name"] for f in manifest["fixes"]] == own.fixes("gaudi2")
     assert all(f["state"] == "applied" for f in manifest["fixes"])
     assert not manifest.get("forced")
-    assert client.images.get(gaudi_image).labels["io.gemma4-images.fixes"] == ",".join(m.fixes("gaudi2"))
+    assert client.images.get(gaudi_image).labels["io.gemma4-images.fixes"] == ",".join(own.fixes("gaudi2"))
 
 
 def test_recipe_environment_is_baked(client, gaudi_image):
@@ -101,10 +101,11 @@ def wrong_commit_base(gaudi_base):
     return gaudi_base("0.30.0+g1234567")
 
 
-def test_wrong_vllm_gaudi_fails_the_build_untagged(wrong_commit_base, refused_build):
+def test_wrong_vllm_gaudi_fails_the_build_untagged(own, wrong_commit_base, refused_build):
     failed = refused_build(
         "gaudi2",
         "gemma4-e2b-test/gaudi2:wrong-commit",
+        view=own,
         base_override=wrong_commit_base,
         tokenizer_source=str(tiny_model.ensure()),
     )

@@ -307,7 +307,7 @@ def _nothing_pushed(host):
     "case",
     ["platform the target lacks", "wrong architecture", "two commits", "no arm64 smoke report"],
 )
-def test_refused_in_one_line_before_anything_is_pushed(client, m, images, inline_build, untagged, tmp_path, case):
+def test_refused_in_one_line_before_anything_is_pushed(client, m, own, images, inline_build, untagged, tmp_path, case):
     with local_registry.registry(tmp_path, client) as host:
         folder = write_reports(tmp_path / "reports", images)
         sources = {PLATFORMS[p]: tag for p, tag in images.items()}
@@ -315,7 +315,7 @@ def test_refused_in_one_line_before_anything_is_pushed(client, m, images, inline
         if case == "platform the target lacks":
             kw = {"platforms_wanted": ["linux/arm64"]}
             with pytest.raises(MatrixError, match=r"^gaudi2 is not built for linux/arm64: its base is published for"):
-                publish.push(client, m, ["gaudi2"], f"{host}/t", reports_dir=folder, **kw)
+                publish.push(client, own, ["gaudi2"], f"{host}/t", reports_dir=folder, **kw)
             assert _nothing_pushed(host)
             return
         if case == "wrong architecture":

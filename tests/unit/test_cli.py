@@ -152,8 +152,8 @@ echo "docker: Error response from daemon: pull access denied for gemma4-e2b" >&2
 @pytest.mark.parametrize(
     "args, tag, build",
     [
-        ([], "gemma4-e2b:xeon6-v0.30.0", "python build.py build xeon6"),
-        (["--vllm", "0.32.0"], "gemma4-e2b:xeon6-v0.32.0", "python build.py build xeon6 --vllm 0.32.0"),
+        ([], "gemma4-e2b:xeon6-v0.32.0", "python build.py build xeon6"),  # the CPU default
+        (["--vllm", "0.30.0"], "gemma4-e2b:xeon6-v0.30.0", "python build.py build xeon6 --vllm 0.30.0"),
     ],
 )
 def test_run_without_the_image_names_the_build_and_asks_no_registry(tmp_path, args, tag, build):
@@ -229,7 +229,7 @@ def test_python_sources_pass_ruff_lint_and_format():
         (
             ["h100", "--vllm", "0.30.0", "--moving-tag"],
             2,
-            "--moving-tag: the plain h100 tag follows h100's default release, vLLM 0.32.0, not 0.30.0",
+            "--moving-tag: the plain h100 tag follows h100's default release, vLLM 0.34.0, not 0.30.0",
         ),
     ],
 )

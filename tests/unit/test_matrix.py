@@ -108,7 +108,7 @@ def test_recipe_launch_is_the_seed_text(real):
         (
             lambda d: d["targets"]["h100"]["fixes"].update(profile="v0.30.0"),  # an anchor: every vLLM target
             "fixes.profile: 'v0.30.0' is for vllm-gaudi images, b200 is not a Gaudi target; "
-            "use vllm-0.30.0 or vllm-0.32.0 or vllm-tpu-0.30.0",
+            "use vllm-0.30.0 or vllm-0.32.0 or ",  # then every other plain-vLLM profile of patches/profiles/
         ),
         (
             lambda d: d["targets"]["gaudi2"]["fixes"].update(profile="vllm-0.30.0"),

@@ -62,7 +62,8 @@ def test_an_unknown_release_names_the_known_ones_and_bump():
     with pytest.raises(MatrixError) as e:
         matrix.load(vllm="0.31.0")
     assert str(e.value) == (
-        f"no vLLM 0.31.0 release here (known: {OWN}, 0.32.0); add one with `python build.py bump FAMILY --vllm 0.31.0`"
+        f"no vLLM 0.31.0 release here (known: {', '.join(matrix.releases())}); "
+        "add one with `python build.py bump FAMILY --vllm 0.31.0`"
     )
 
 
@@ -70,7 +71,7 @@ def test_releases_and_views_are_in_release_order():
     assert matrix.releases()[0] == OWN and "0.32.0" in matrix.releases()
     assert list(matrix.views()) == matrix.releases()
     assert matrix.releases_of("xeon6") == [OWN, "0.32.0"] and matrix.releases_of("gaudi2") == [OWN]
-    assert matrix.releases_of("b300") == [OWN, "0.32.0"]
+    assert matrix.releases_of("b300") == [OWN, "0.32.0", "0.34.0"]
     assert sorted(["0.10.0", "0.9.1", "0.30.0"], key=matrix.version_key) == ["0.9.1", "0.10.0", "0.30.0"]
 
 
@@ -172,17 +173,18 @@ def tree(tmp_path):
 
 def test_a_familys_default_release_is_what_commands_use_without_vllm(tree):
     text = (tree / "targets.yaml").read_text()
-    cpu = "  cpu:\n    vllm: 0.30.0\n"
+    cpu = "  cpu:\n    vllm: 0.32.0\n"
     assert cpu in text
-    (tree / "targets.yaml").write_text(text.replace(cpu, "  cpu:\n    vllm: 0.32.0\n", 1))
     assert build_py("tag", "cpu", cwd=tree).stdout.strip() == "gemma4-e2b:xeon6-v0.32.0"
-    assert build_py("tag", "cpu", "--vllm", OWN, cwd=tree).stdout.strip() == f"gemma4-e2b:xeon6-v{OWN}"
+    (tree / "targets.yaml").write_text(text.replace(cpu, f"  cpu:\n    vllm: {OWN}\n", 1))
+    assert build_py("tag", "cpu", cwd=tree).stdout.strip() == f"gemma4-e2b:xeon6-v{OWN}"
+    assert build_py("tag", "cpu", "--vllm", "0.32.0", cwd=tree).stdout.strip() == "gemma4-e2b:xeon6-v0.32.0"
     assert build_py("tag", "mi355x", cwd=tree).stdout.strip() == f"gemma4-e2b:mi355x-v{OWN}"
     rows = json.loads(build_py("list", "--json", cwd=tree).stdout)
     xeon6 = {r["vllm"]: r["default"] for r in rows if r["target"] == "xeon6"}
-    assert xeon6 == {OWN: False, "0.32.0": True}
+    assert xeon6 == {OWN: True, "0.32.0": False}
     dry = build_py("build", "cpu", "--dry-run", cwd=tree).stdout
-    assert "BASE_IMAGE=vllm/vllm-openai-cpu:v0.32.0-x86_64" in dry and "GEMMA4_FIXES_PROFILE=vllm-0.32.0" in dry
+    assert f"BASE_IMAGE=vllm/vllm-openai-cpu:v{OWN}-x86_64" in dry and f"GEMMA4_FIXES_PROFILE=vllm-{OWN}" in dry
 
 
 def test_vllm_naming_a_release_the_target_lacks_is_one_line_and_exit_2():
