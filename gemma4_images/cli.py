@@ -1196,6 +1196,39 @@ def bump(names, version, drops, accepts, overrides, check):
     click.echo("wrote " + ", ".join(written))
 
 
+@cli.command()
+@click.argument("family")
+@click.option("--vllm", "version", required=True, metavar="VERSION", help="The release to make FAMILY's default.")
+@click.option("--source", required=True, metavar="WHY", help="Why: the recipe's line, and what proves it here.")
+def promote(family, version, source):
+    """Make vLLM VERSION FAMILY's default release (targets.yaml `defaults`): what every command
+    builds without --vllm and the plain <target> tag follow it; the generated files are rendered."""
+    from gemma4_images.build import lifecycle
+
+    families = load().families
+    if family not in families:
+        fail(f"{family} is not a family ({', '.join(families)})", 2)
+    try:
+        written = lifecycle.promote(family, version, source)
+    except lifecycle.BadInput as e:
+        fail(f"{e}; nothing was changed", 2)
+    click.echo("wrote " + ", ".join(written))
+
+
+@cli.command()
+@click.option("--vllm", "version", required=True, metavar="VERSION", help="The release to remove.")
+def retire(version):
+    """Remove vLLM VERSION's release: its releases/ file, its stand-ins' locks, its fixes profiles
+    and ports, its recipes; the generated files are rendered again. Refused for a family's default."""
+    from gemma4_images.build import lifecycle
+
+    try:
+        removed = lifecycle.retire(version)
+    except lifecycle.BadInput as e:
+        fail(f"{e}; nothing was changed", 2)
+    click.echo("changed " + ", ".join(removed))
+
+
 # -- model images: the model's files as an image, served with no hub at run time ----------------
 
 

@@ -90,9 +90,9 @@ def targets_named(m: Matrix, names: list[str]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def uncommitted(root: Path = ROOT) -> list[str]:
+def uncommitted(root: Path = ROOT, paths: tuple[str, ...] = WRITES) -> list[str]:
     run = subprocess.run(
-        ["git", "-C", str(root), "status", "--porcelain", "--", *WRITES], capture_output=True, text=True
+        ["git", "-C", str(root), "status", "--porcelain", "--", *paths], capture_output=True, text=True
     )
     if run.returncode != 0:
         raise BumpError(f"cannot ask git which files changed: {run.stderr.strip()}")
