@@ -1196,6 +1196,31 @@ def bump(names, version, drops, accepts, overrides, check):
     click.echo("wrote " + ", ".join(written))
 
 
+@cli.command("policy")
+@click.argument("repository")
+@click.option(
+    "--cosign-key", "key", required=True, type=click.Path(path_type=Path), help="The cosign public key (cosign.pub)."
+)
+@click.option(
+    "--out",
+    "folder",
+    default="containers",
+    show_default=True,
+    type=click.Path(path_type=Path),
+    help="Where policy.json and registries.d/ are written (for /etc/containers/ on a node).",
+)
+def policy_cmd(repository, key, folder):
+    """Write the containers-policy.json and registries.d entry with which podman, CRI-O and skopeo
+    accept REPOSITORY's images only when cosign-signed by the key (`push --cosign-key`)."""
+    from gemma4_images.publish import sigstore_policy
+
+    try:
+        written = sigstore_policy.write(folder, repository, key.read_text(), str(key))
+    except (sigstore_policy.PolicyError, OSError) as e:
+        fail(str(e) if isinstance(e, sigstore_policy.PolicyError) else f"{key}: {e.strerror}", 2)
+    click.echo("wrote " + ", ".join(str(p) for p in written))
+
+
 @cli.command()
 @click.argument("family")
 @click.option("--vllm", "version", required=True, metavar="VERSION", help="The release to make FAMILY's default.")

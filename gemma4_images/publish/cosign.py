@@ -67,7 +67,12 @@ def _run(args: list[str], what: str, password_file: Path | None = None) -> subpr
 
 def check_key(key: Path, password_file: Path | None = None) -> None:
     """The key opens with its password (cosign derives its public key): checked before a push."""
-    _run(["public-key", "--key", str(key)], f"cosign cannot use {key}", password_file)
+    public_key(key, password_file)
+
+
+def public_key(key: Path, password_file: Path | None = None) -> str:
+    """The PEM public key of the private key (what verifiers and the node policy are given)."""
+    return _run(["public-key", "--key", str(key)], f"cosign cannot use {key}", password_file).stdout
 
 
 def sign(host: str, repository: str, digest: str, key: Path, password_file: Path | None = None) -> str:

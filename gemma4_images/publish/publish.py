@@ -13,7 +13,7 @@ from pathlib import Path
 
 from gemma4_images.build import registry as registry_api
 from gemma4_images.build.docker_build import ANSI, local_image, wrong_platform
-from gemma4_images.publish import attach, cosign, index, reports, signing
+from gemma4_images.publish import attach, cosign, index, reports, signing, sigstore_policy
 from gemma4_images.spec import facts, platforms, reference
 from gemma4_images.spec.matrix import Matrix
 
@@ -470,6 +470,10 @@ def _sign_and_attest(entry: dict, key: str, reports_dir: Path, cosigner, log) ->
     signed = cosign.sign(host, path, entry["digest"], *cosigner)
     entry["cosign"] = {"signed": signed, "attestations": []}
     log(f"signed {signed} with cosign ({cosigner[0]})")
+    # What nodes pulling with podman or CRI-O check it with (docs/publish.md).
+    folder = reports_dir / "containers"
+    sigstore_policy.write(folder, entry["repository"], cosign.public_key(*cosigner), str(cosigner[0]))
+    entry["cosign"]["policy"] = str(folder / "policy.json")
     for item in attach.report_attachments(key, reports_dir):
         if not item.path.is_file():
             log(f"no {item.path} for {key}: nothing attested")

@@ -155,7 +155,7 @@ def own_cpu_base(client, own):
 
 @pytest.fixture(scope="session")
 def cuda_base(client, m):
-    """The CUDA 13.0 stand-in (PyPI's vllm 0.30.0 at ced6857a with its CUDA 13.0 torch): what the
+    """The CUDA 13.0 stand-in at the CPU default's release (PyPI's vllm with its CUDA 13.0 torch): what the
     CUDA targets' images build on here. Built once per lock (a few minutes; 3.9 GB of wheels)."""
     return localbase.standin_base(client, m, "vllm-cuda13", log)
 

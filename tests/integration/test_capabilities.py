@@ -105,7 +105,7 @@ def test_a_cuda_target_names_the_tag_that_carries_its_runtime(client, cpu_image)
     ]
 
 
-def test_h100_on_the_real_cuda_13_stand_in_stops_at_the_cuda_check_alone(cuda_base, refused_build):
+def test_h100_on_the_real_cuda_13_stand_in_stops_at_the_cuda_check_alone(m, cuda_base, refused_build):
     # How h100/h200 are checked here, PyPI having no CUDA 12.9 torch: their image on the CUDA 13.0
     # stand-in (the same vLLM code as their base) runs every step before the self-check (audio
     # extras, fixes), and the self-check's only problem is the CUDA runtime: transformers, the
@@ -118,5 +118,5 @@ def test_h100_on_the_real_cuda_13_stand_in_stops_at_the_cuda_check_alone(cuda_ba
     said = [line.strip(" |") for line in failed.tail if "self-check:" in line]
     assert said == [
         "gemma4-serve: self-check: h100: the base's torch is built for CUDA 13.0, h100 expects CUDA 12.9: build on "
-        "vllm/vllm-openai:v0.30.0-cu129 (vllm/vllm-openai:v0.30.0 is the CUDA 13.0 build)"
+        f"{m.targets['h100'].base.image} ({m.targets['b200'].base.image} is the CUDA 13.0 build)"
     ], failed.tail

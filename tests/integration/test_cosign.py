@@ -2,18 +2,24 @@
 (Debian trixie's 2.5.0, what admission controllers' libraries implement) and by `build.py verify
 --cosign-key`, on a real registry on this machine (local_registry.py). The images are the tiny
 FROM-scratch stand-ins of test_signing.py and the SBOM and provenance small stand-in documents:
-what is under test is signing, attesting and verifying."""
+what is under test is signing, attesting and verifying. Last, `build.py policy`'s
+containers-policy.json (sigstoreSigned) read by Debian trixie's skopeo 1.18 (containers/image, what
+podman and CRI-O check a pull with): bookworm's skopeo 1.9.3 has sigstore disabled ("Debian-local
+change") and trixie's needs glibc 2.38, so it runs in a trixie root filesystem made here
+(mmdebstrap, docker import), a test tool, not a product image."""
 
 import base64
 import json
 import os
 import subprocess
+import tempfile
 from pathlib import Path
 
 import local_registry
 import pytest
-from test_signing import DOCKERFILE, REVISION, SIGNED, TARGET, UNSIGNED
+from test_signing import DOCKERFILE, KEY, REVISION, SIGNED, TARGET, UNSIGNED
 
+from gemma4_images.build import owned
 from gemma4_images.build import registry as registry_api
 from gemma4_images.check.smoke import Check, Report
 from gemma4_images.publish import cosign
@@ -73,15 +79,15 @@ def registry(client, tmp_path):
 def reports(folder: Path, image: str) -> Path:
     """A passing smoke report for image, and stand-in SBOM and provenance documents."""
     folder.mkdir(exist_ok=True)
-    Report(target=TARGET, image=image, model="tiny", checks=[Check("ready")]).write(folder / f"smoke-{TARGET}.json")
-    (folder / f"sbom-{TARGET}.cdx.json").write_text(json.dumps(SBOM) + "\n")
+    Report(target=TARGET, image=image, model="tiny", checks=[Check("ready")]).write(folder / f"smoke-{KEY}.json")
+    (folder / f"sbom-{KEY}.cdx.json").write_text(json.dumps(SBOM) + "\n")
     statement = {
         "_type": "https://in-toto.io/Statement/v1",
         "subject": [],
         "predicateType": "https://slsa.dev/provenance/v1",
         "predicate": PREDICATE,
     }
-    (folder / f"provenance-{TARGET}.intoto.json").write_text(json.dumps(statement) + "\n")
+    (folder / f"provenance-{KEY}.intoto.json").write_text(json.dumps(statement) + "\n")
     return folder
 
 
@@ -186,3 +192,104 @@ def test_push_refuses_a_missing_key_and_both_signers_before_pushing(registry, im
     run, _ = push(registry, images[0], folder, "--cosign-key", str(keys["key"]), "--cosign-password-file", str(wrong))
     assert run.returncode == 1 and f"cosign cannot use {keys['key']}" in run.stderr, run.stderr
     assert not (folder / "pushed.json").exists()
+
+
+# -- the node side: containers-policy.json with sigstoreSigned ---------------------------------
+
+SKOPEO = "skopeo=1.18.0+ds1-1+b5"  # trixie's, the release that reads sigstore signatures
+TOOL = "gemma4-e2b-test/skopeo:1.18.0-trixie"
+
+
+@pytest.fixture(scope="module")
+def skopeo(client):
+    """The trixie skopeo image, made once per machine (about a minute, 240 MB)."""
+    try:
+        client.images.get(TOOL)
+        return TOOL
+    except Exception:  # noqa: BLE001 (not here yet: made below)
+        pass
+    with tempfile.TemporaryDirectory() as tmp:
+        tar = Path(tmp) / "rootfs.tar"
+        subprocess.run(
+            ["mmdebstrap", "--quiet", "--variant=minbase", f"--include={SKOPEO},ca-certificates", "trixie", str(tar)],
+            check=True,
+        )
+        client.api.import_image_from_file(
+            str(tar), repository=TOOL.split(":")[0], tag=TOOL.split(":")[1],
+            changes=['LABEL io.gemma4-images.test="trixie skopeo, for the sigstoreSigned policy"'],
+        )  # fmt: skip
+    return TOOL
+
+
+def pull_under_policy(client, skopeo, folder: Path, ref: str) -> tuple[int, str]:
+    """skopeo copy ref out of the registry under folder's policy.json and registries.d: what a node
+    with them in /etc/containers/ does on a pull. (exit code, output)."""
+    args = ["skopeo", "--policy", "/p/policy.json", "--registries.d", "/p/registries.d", "copy"]
+    container = client.containers.run(
+        skopeo,
+        [*args, "--src-tls-verify=false", f"docker://{ref}", "dir:/tmp/out"],
+        detach=True,
+        network_mode="host",
+        volumes={str(folder): {"bind": "/p", "mode": "ro"}},
+        labels=owned.labels(),
+    )
+    try:
+        code = container.wait(timeout=120)["StatusCode"]
+        return code, container.logs().decode()
+    finally:
+        container.remove(force=True)
+
+
+def policy_for(tmp_path: Path, repository: str, pub: Path) -> Path:
+    folder = tmp_path / pub.parent.name
+    run = build_py("policy", repository, "--cosign-key", str(pub), "--out", str(folder))
+    assert run.returncode == 0, run.stderr
+    return folder
+
+
+def test_the_policy_admits_the_signed_image_and_refuses_the_rest(client, skopeo, registry, images, keys, tmp_path):
+    folder = reports(tmp_path / "reports", images[0])
+    entry = signed_push(registry, images[0], folder, keys)
+    tag = f"{entry['repository']}:{entry['tags'][0]}"
+    ours = folder / "containers"  # what push wrote beside its reports, from the private key
+    assert entry["cosign"]["policy"] == str(ours / "policy.json")
+    rendered = policy_for(tmp_path, entry["repository"], keys["pub"])  # and `build.py policy`, from cosign.pub
+    assert (ours / "policy.json").read_text() == (rendered / "policy.json").read_text()
+    code, said = pull_under_policy(client, skopeo, ours, tag)
+    assert code == 0, said
+    code, said = pull_under_policy(client, skopeo, ours, f"{entry['repository']}@{entry['digest']}")
+    assert code == 0, said
+
+    # another key's policy: the signature is there, not by that key
+    code, said = pull_under_policy(client, skopeo, policy_for(tmp_path, entry["repository"], keys["stranger"]), tag)
+    assert code != 0 and "Source image rejected" in said, said
+
+    # the tag moved to an image pushed without a signature
+    run, moved = push(registry, images[1], reports(tmp_path / "unsigned", images[1]))
+    assert run.returncode == 0 and moved["tags"][0] == entry["tags"][0] and moved["digest"] != entry["digest"]
+    code, said = pull_under_policy(client, skopeo, ours, tag)
+    assert code != 0 and "A signature was required, but no signature exists" in said, said
+
+
+def test_another_repository_is_rejected_whatever_it_carries(client, skopeo, registry, images, keys, tmp_path):
+    folder = reports(tmp_path / "reports", images[0])
+    entry = signed_push(registry, images[0], folder, keys)
+    other = policy_for(tmp_path, entry["repository"] + "-other", keys["pub"])
+    code, said = pull_under_policy(client, skopeo, other, f"{entry['repository']}@{entry['digest']}")
+    assert code != 0 and "Running image" in said and "is rejected by policy" in said, said
+
+
+@pytest.mark.parametrize(
+    "repository, key, says",
+    [
+        ("127.0.0.1:5000/r:tag", "pub", "without a tag or digest"),
+        ("127.0.0.1:5000/R", "pub", "is not a valid image reference"),
+        ("127.0.0.1:5000/r", "key", "is not a cosign public key (PEM)"),
+        ("127.0.0.1:5000/r", "missing", "No such file or directory"),
+    ],
+)
+def test_bad_input_is_one_line_and_writes_nothing(keys, tmp_path, repository, key, says):
+    given = {"pub": keys["pub"], "key": keys["key"], "missing": tmp_path / "none.pub"}[key]
+    run = build_py("policy", repository, "--cosign-key", str(given), "--out", str(tmp_path / "out"))
+    assert run.returncode == 2 and says in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert not (tmp_path / "out").exists()

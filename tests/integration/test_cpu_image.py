@@ -18,12 +18,12 @@ def test_cpu_image_launch_is_the_xeon_recipe(client, m, cpu_image):
     assert shlex.split(run(client, cpu_image, ["--print-command"])) == m.recipe_launch("xeon6")
 
 
-def test_vllm_in_the_image_is_the_pinned_version(client, cpu_image):
+def test_vllm_in_the_image_is_the_pinned_version(client, m, cpu_image):
     out = run(client, cpu_image, ["--version"], entrypoint=["vllm"])
-    assert out.strip().splitlines()[-1] == "0.30.0+cpu"
+    assert out.strip().splitlines()[-1] == f"{m.project.vllm_version}+cpu"
 
 
-def test_base_fixes_hold(client, cpu_image):
+def test_base_fixes_hold(client, m, cpu_image):
     # Each line of bases/vllm-cpu-local/Dockerfile's RUN is there for a failure seen without it.
     script = (
         "import importlib.metadata as m, ctypes.util; "
@@ -31,7 +31,7 @@ def test_base_fixes_hold(client, cpu_image):
         "print(m.version('vllm'), ctypes.util.find_library('numa'))"
     )
     out = run(client, cpu_image, ["-c", script], entrypoint=["python3"])
-    assert out.split() == ["0.30.0+cpu", "libnuma.so.1"]
+    assert out.split() == [f"{m.project.vllm_version}+cpu", "libnuma.so.1"]
     out = run(
         client,
         cpu_image,

@@ -22,13 +22,17 @@ from test_signing import gnupg_home, make_key
 from gemma4_images.build import registry as registry_api
 from gemma4_images.check.smoke import Check, Report
 from gemma4_images.publish import attach, index, publish, signing, verify
+from gemma4_images.publish import reports as reports_mod
+from gemma4_images.spec import matrix
 from gemma4_images.spec.matrix import MatrixError
 from tests.cli import build_py
 
 pytestmark = pytest.mark.integration
 TARGET = "xeon6"
 REVISION = "fedcba9876543210fedcba9876543210fedcba98"
-PLATFORMS = {"linux/amd64": TARGET, "linux/arm64": f"{TARGET}-arm64"}  # platform -> its reports' key
+RELEASE = matrix.load_default(TARGET).report_release  # the default's reports carry its release
+NAME = matrix.load_default(TARGET).version_name(TARGET)  # xeon6-v<the CPU default>
+PLATFORMS = {p: reports_mod.key(TARGET, p, RELEASE) for p in ("linux/amd64", "linux/arm64")}  # -> its reports' key
 DOCKERFILE = """\
 FROM scratch
 COPY probe /probe
@@ -114,11 +118,11 @@ def test_the_index_names_each_platform_image_and_every_part_is_attached_and_sign
     _, host, entry, folder = release
     path = entry["repository"].split("/", 1)[1]
     assert entry["media_type"] == index.OCI_INDEX
-    assert entry["tags"] == ["xeon6-v0.30.0", "xeon6-v0.30.0-fedcba9"]
+    assert entry["tags"] == [NAME, f"{NAME}-fedcba9"]
     parts = per_platform(entry)
     assert list(parts) == list(PLATFORMS)
-    assert parts["linux/arm64"]["tags"] == ["xeon6-v0.30.0-arm64", "xeon6-v0.30.0-fedcba9-arm64"]
-    assert parts["linux/amd64"]["tags"] == ["xeon6-v0.30.0-amd64", "xeon6-v0.30.0-fedcba9-amd64"]
+    assert parts["linux/arm64"]["tags"] == [f"{NAME}-arm64", f"{NAME}-fedcba9-arm64"]
+    assert parts["linux/amd64"]["tags"] == [f"{NAME}-amd64", f"{NAME}-fedcba9-amd64"]
 
     # What the registry holds under the target's tags is the index, naming each platform's push.
     body, media_type = registry_api.get_manifest(host, path, entry["tags"][0])
@@ -284,12 +288,12 @@ def test_verify_platform_on_a_single_image_is_refused_unless_it_is_that_platform
             [TARGET],
             f"{host}/gemma4-e2b-test",
             platforms_wanted=["linux/amd64"],
-            sources={TARGET: images["linux/amd64"]},
+            sources={PLATFORMS["linux/amd64"]: images["linux/amd64"]},
             reports_dir=folder,
             sign_by=keys["fpr"],
             log=print,
         )
-        assert "platforms" not in entry and entry["tags"] == ["xeon6-v0.30.0", "xeon6-v0.30.0-fedcba9"]
+        assert "platforms" not in entry and entry["tags"] == [NAME, f"{NAME}-fedcba9"]
         assert _verify(entry, keys, folder, "linux/amd64")["index"] is None
         with pytest.raises(signing.SigningError) as refused:
             _verify(entry, keys, folder, "linux/arm64")
@@ -330,20 +334,23 @@ def test_refused_in_one_line_before_anything_is_pushed(client, m, own, images, i
                 platform="linux/arm64",
             )
             sources[PLATFORMS["linux/arm64"]] = other
-            for name in ("sbom-xeon6-arm64.cdx.json", "provenance-xeon6-arm64.intoto.json"):
+            for name in (
+                f"sbom-{PLATFORMS['linux/arm64']}.cdx.json",
+                f"provenance-{PLATFORMS['linux/arm64']}.intoto.json",
+            ):
                 os.utime(folder / name, (time.time() - 3600,) * 2)  # seconds apart on a slow machine
             Report(target=TARGET, image=other, model="tiny", checks=[Check("ready")]).write(
-                folder / "smoke-xeon6-arm64.json"
+                folder / f"smoke-{PLATFORMS['linux/arm64']}.json"
             )
             expected = (
                 f"xeon6: one index must hold images of one commit, but {images['linux/amd64']} from fedcba9, "
                 f"{other} from 0000000; rebuild them from the same commit"
             )
         else:
-            (folder / "smoke-xeon6-arm64.json").unlink()
+            (folder / f"smoke-{PLATFORMS['linux/arm64']}.json").unlink()
             expected = (
                 f"refusing to push {images['linux/arm64']}: no smoke report for xeon6 "
-                f"({folder}/smoke-xeon6-arm64.json); "
+                f"({folder}/smoke-{PLATFORMS['linux/arm64']}.json); "
                 "run `python build.py smoke xeon6 --platform linux/arm64` first (or pass --skip-smoke)"
             )
         with pytest.raises(publish.PushError) as refused:

@@ -15,11 +15,15 @@ from docker.errors import ImageNotFound
 from gemma4_images.check.server import free_port
 from gemma4_images.check.smoke import Check, Report
 from gemma4_images.publish import publish
+from gemma4_images.publish import reports as reports_mod
+from gemma4_images.spec import matrix
 
 pytestmark = pytest.mark.integration
 TEST_IMAGE = "gemma4-e2b-test/push:roundtrip"
 REVISION = "0123456789abcdef0123456789abcdef01234567"
 TARGET = "xeon6"
+KEY = reports_mod.key(TARGET, release=matrix.load_default(TARGET).report_release)  # its reports' name
+NAME = matrix.load_default(TARGET).version_name(TARGET)  # xeon6-v<the CPU default>
 DOCKERFILE = f"""\
 ARG BASE
 FROM ${{BASE}}
@@ -42,7 +46,7 @@ def image(rootfs, inline_build):
 
 
 def smoke_report(reports: Path, image: str, status: str = "pass") -> Path:
-    path = reports / f"smoke-{TARGET}.json"
+    path = reports / f"smoke-{KEY}.json"
     Report(target=TARGET, image=image, model="tiny", checks=[Check("ready", status)]).write(path)
     return path
 
@@ -54,7 +58,7 @@ def first_push(client, m, registry, image):
     logs = []
     start = time.monotonic()
     entries = publish.push(
-        client, m, [TARGET], registry, moving_tag=True, sources={TARGET: image}, reports_dir=reports, log=logs.append
+        client, m, [TARGET], registry, moving_tag=True, sources={KEY: image}, reports_dir=reports, log=logs.append
     )
     print(f"first push: {time.monotonic() - start:.1f}s; " + "; ".join(logs))
     return entries, reports, logs
@@ -64,7 +68,7 @@ def test_push_tags_records_and_the_registry_holds_the_digest(client, m, registry
     entries, reports, _ = first_push
     repo = f"{registry}/gemma4-e2b"
     (entry,) = entries
-    assert entry["tags"] == ["xeon6-v0.30.0", "xeon6-v0.30.0-0123456", "xeon6"]
+    assert entry["tags"] == [NAME, f"{NAME}-0123456", "xeon6"]
     assert entry["digest"].startswith("sha256:") and entry["image_id"] == client.images.get(image).id
     assert set(entry["pushed"]) | set(entry["already_present"]) == set(entry["tags"])
     assert json.loads((reports / "pushed.json").read_text()) == entries
@@ -79,7 +83,7 @@ def test_second_push_of_the_same_image_is_skipped(client, m, registry, image, fi
     logs = []
     start = time.monotonic()
     again = publish.push(
-        client, m, [TARGET], registry, moving_tag=True, sources={TARGET: image}, reports_dir=reports, log=logs.append
+        client, m, [TARGET], registry, moving_tag=True, sources={KEY: image}, reports_dir=reports, log=logs.append
     )
     print(f"second push: {time.monotonic() - start:.1f}s")
     assert again[0]["pushed"] == [] and again[0]["already_present"] == entries[0]["tags"]
@@ -117,7 +121,7 @@ def test_push_without_a_passing_smoke_report_is_refused(client, m, registry, ima
     elif case == "other image":
         smoke_report(tmp_path, m.tag(TARGET) + "-tiny")
     with pytest.raises(publish.PushError) as refused:
-        publish.push(client, m, [TARGET], registry, sources={TARGET: image}, reports_dir=tmp_path, log=print)
+        publish.push(client, m, [TARGET], registry, sources={KEY: image}, reports_dir=tmp_path, log=print)
     message = str(refused.value)
     assert message.startswith(f"refusing to push {image}:") and "\n" not in message
     assert "--skip-smoke" in message
@@ -127,7 +131,7 @@ def test_push_without_a_passing_smoke_report_is_refused(client, m, registry, ima
 def test_skip_smoke_pushes_with_a_loud_warning(client, m, registry, image, tmp_path):
     logs = []
     entries = publish.push(
-        client, m, [TARGET], registry, skip_smoke=True, sources={TARGET: image}, reports_dir=tmp_path, log=logs.append
+        client, m, [TARGET], registry, skip_smoke=True, sources={KEY: image}, reports_dir=tmp_path, log=logs.append
     )
     assert entries[0]["digest"].startswith("sha256:")
     assert logs[0].startswith("WARNING: pushing") and "WITHOUT a passing smoke test" in logs[0]
@@ -137,7 +141,7 @@ def test_registry_down_is_one_clear_line(client, m, image, tmp_path):
     smoke_report(tmp_path, image)
     host = f"127.0.0.1:{free_port()}"
     with pytest.raises(publish.RegistryUnavailable) as down:
-        publish.push(client, m, [TARGET], host, sources={TARGET: image}, reports_dir=tmp_path, log=print)
+        publish.push(client, m, [TARGET], host, sources={KEY: image}, reports_dir=tmp_path, log=print)
     assert str(down.value) == f"cannot push to {host}: connection refused — is the registry running?"
 
 
@@ -147,11 +151,9 @@ def test_registry_that_refuses_the_upload_is_one_line(client, m, image, tmp_path
     smoke_report(tmp_path / "reports", image)
     with local_registry.registry(tmp_path, client, readonly=True) as host:
         with pytest.raises(publish.PushError) as refused:
-            publish.push(
-                client, m, [TARGET], host, sources={TARGET: image}, reports_dir=tmp_path / "reports", log=print
-            )
+            publish.push(client, m, [TARGET], host, sources={KEY: image}, reports_dir=tmp_path / "reports", log=print)
     message = str(refused.value)
-    assert message.startswith(f"pushing {host}/gemma4-e2b:xeon6-v0.30.0 failed: ") and "\n" not in message
+    assert message.startswith(f"pushing {host}/gemma4-e2b:{NAME} failed: ") and "\n" not in message
     assert "405" in message
     assert not (tmp_path / "reports" / "pushed.json").exists()
 
@@ -161,9 +163,7 @@ def test_a_registry_that_wants_a_login_names_the_fix_and_leaves_no_tags(client, 
     with local_registry.registry(tmp_path, client, login=("gemma4", "s3cret-pass")) as host:
         tags_before = set(client.images.get(image).tags)
         with pytest.raises(publish.PushError) as refused:
-            publish.push(
-                client, m, [TARGET], host, sources={TARGET: image}, reports_dir=tmp_path / "reports", log=print
-            )
+            publish.push(client, m, [TARGET], host, sources={KEY: image}, reports_dir=tmp_path / "reports", log=print)
         message = str(refused.value)
         assert "\n" not in message and "no basic auth credentials" in message
         assert f"run `docker login {host}`" in message
@@ -178,6 +178,6 @@ def test_a_registry_that_wants_a_login_names_the_fix_and_leaves_no_tags(client, 
         monkeypatch.setenv("DOCKER_CONFIG", str(config))
         logged_in = docker.from_env()
         entries = publish.push(
-            logged_in, m, [TARGET], host, sources={TARGET: image}, reports_dir=tmp_path / "reports", log=print
+            logged_in, m, [TARGET], host, sources={KEY: image}, reports_dir=tmp_path / "reports", log=print
         )
         assert entries[0]["digest"].startswith("sha256:")

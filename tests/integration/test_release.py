@@ -10,6 +10,7 @@ import local_registry
 import pytest
 
 from gemma4_images.publish import cosign
+from gemma4_images.publish import reports as reports_mod
 from tests.cli import build_py
 
 pytestmark = pytest.mark.integration
@@ -45,7 +46,8 @@ def test_release_builds_smokes_pushes_signed_and_verifies_the_cpu_image(
         out = run.stdout
         assert out.index("all checks passed") < out.index(f"{entry['repository']}@{entry['digest']}")
         assert out.strip().splitlines()[-1] == (f"verified {entry['repository']}:{entry['tags'][0]}@{entry['digest']}")
-        assert json.loads((reports / f"smoke-{m.resolve('cpu')}.json").read_text())["image"] == cpu_image
+        key = reports_mod.key(m.resolve("cpu"), release=m.report_release)
+        assert json.loads((reports / f"smoke-{key}.json").read_text())["image"] == cpu_image
 
 
 def test_release_without_the_public_key_stops_before_building(keys, tmp_path):

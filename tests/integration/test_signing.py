@@ -20,10 +20,14 @@ from test_no_secrets import files_holding
 from gemma4_images.build import registry as registry_api
 from gemma4_images.check.smoke import Check, Report
 from gemma4_images.publish import attach, publish, signing, verify
+from gemma4_images.publish import reports as reports_mod
+from gemma4_images.spec import matrix
 from tests.cli import build_py
 
 pytestmark = pytest.mark.integration
 TARGET = "xeon6"
+KEY = reports_mod.key(TARGET, release=matrix.load_default(TARGET).report_release)  # its reports' name
+NAME = matrix.load_default(TARGET).version_name(TARGET)  # xeon6-v<the CPU default>
 REVISION = "89abcdef0123456789abcdef0123456789abcdef"
 SIGNED, UNSIGNED = "gemma4-e2b-test/sign:signed", "gemma4-e2b-test/sign:unsigned"
 DOCKERFILE = """\
@@ -116,12 +120,12 @@ def registry(client, tmp_path):
 def reports(folder: Path, image: str, with_files: bool = True) -> Path:
     """A passing smoke report for image, and (with_files) stand-in SBOM and provenance documents."""
     folder.mkdir(exist_ok=True)
-    Report(target=TARGET, image=image, model="tiny", checks=[Check("ready")]).write(folder / f"smoke-{TARGET}.json")
+    Report(target=TARGET, image=image, model="tiny", checks=[Check("ready")]).write(folder / f"smoke-{KEY}.json")
     if with_files:
         sbom = {"bomFormat": "CycloneDX", "specVersion": "1.6", "metadata": {"component": {"name": "stand-in"}}}
-        (folder / f"sbom-{TARGET}.cdx.json").write_text(json.dumps(sbom) + "\n")
+        (folder / f"sbom-{KEY}.cdx.json").write_text(json.dumps(sbom) + "\n")
         statement = {"_type": "https://in-toto.io/Statement/v1", "subject": [], "predicateType": "stand-in"}
-        (folder / f"provenance-{TARGET}.intoto.json").write_text(json.dumps(statement) + "\n")
+        (folder / f"provenance-{KEY}.intoto.json").write_text(json.dumps(statement) + "\n")
     return folder
 
 
@@ -133,7 +137,7 @@ def signed_push(client, m, registry, image, folder: Path, keys, **kw):
         m,
         [TARGET],
         registry,
-        sources={TARGET: image},
+        sources={KEY: image},
         reports_dir=folder,
         sign_by=keys["fpr"],
         log=logs.append,
@@ -213,7 +217,7 @@ def test_verify_copies_only_an_accepted_image_on(client, m, registry, images, ke
     assert client.images.get(accepted).id == client.images.get(images[0]).id  # the same config, so the same image
     client.images.remove(accepted)
 
-    publish.push(client, m, [TARGET], registry, sources={TARGET: images[1]}, skip_smoke=True, reports_dir=tmp_path)
+    publish.push(client, m, [TARGET], registry, sources={KEY: images[1]}, skip_smoke=True, reports_dir=tmp_path)
     with pytest.raises(signing.SigningError):
         verify.verify(version_ref(entry), key=keys["public"], signatures=sigs, dest=f"docker-daemon:{refused}")
     assert client.images.list(name=refused) == []
@@ -251,7 +255,7 @@ def test_an_unsigned_image_under_the_signed_name_is_refused(client, m, registry,
 
     # Someone pushes another image under the same tags, without the key.
     (swapped,) = publish.push(
-        client, m, [TARGET], registry, sources={TARGET: images[1]}, skip_smoke=True, reports_dir=tmp_path, log=print
+        client, m, [TARGET], registry, sources={KEY: images[1]}, skip_smoke=True, reports_dir=tmp_path, log=print
     )
     assert swapped["digest"] != entry["digest"] and swapped["signatures"] == []
 
@@ -332,7 +336,7 @@ def test_a_signed_attachment_for_another_image_is_refused(client, m, registry, i
     folder = reports(tmp_path / "reports", images[0], with_files=False)
     entry, _ = signed_push(client, m, registry, images[0], folder, keys)
     (other,) = publish.push(
-        client, m, [TARGET], f"{registry}/other", sources={TARGET: images[1]}, skip_smoke=True, reports_dir=tmp_path
+        client, m, [TARGET], f"{registry}/other", sources={KEY: images[1]}, skip_smoke=True, reports_dir=tmp_path
     )
     host, path = entry["repository"].split("/", 1)
     sbom = attach.Attachment(tmp_path / "other.cdx.json", attach.CYCLONEDX_JSON, "sbom")
@@ -356,13 +360,13 @@ def test_a_push_without_the_files_attaches_nothing_and_says_so(client, m, regist
     folder = reports(tmp_path / "reports", images[0], with_files=False)
     logs = []
     (entry,) = publish.push(
-        client, m, [TARGET], registry, sources={TARGET: images[0]}, reports_dir=folder, log=logs.append
+        client, m, [TARGET], registry, sources={KEY: images[0]}, reports_dir=folder, log=logs.append
     )
     host, path = entry["repository"].split("/", 1)
     assert entry["attachments"] == [] and entry["signatures"] == []
-    for suffix, name in (("sbom", f"sbom-{TARGET}.cdx.json"), ("att", f"provenance-{TARGET}.intoto.json")):
+    for suffix, name in (("sbom", f"sbom-{KEY}.cdx.json"), ("att", f"provenance-{KEY}.intoto.json")):
         tag = attach.tag_for(entry["digest"], suffix)
-        assert f"no {folder / name} for {TARGET}: nothing attached as {tag}" in logs
+        assert f"no {folder / name} for {KEY}: nothing attached as {tag}" in logs
         assert registry_api.manifest_digest(host, path, tag) is None
     assert f"{entry['repository']}: not signed (no --sign-by key)" in logs
 
@@ -370,7 +374,7 @@ def test_a_push_without_the_files_attaches_nothing_and_says_so(client, m, regist
 @pytest.mark.parametrize("case", ["attachment older than the image", "unknown signing key"])
 def test_refused_before_anything_is_pushed(client, m, registry, images, keys, tmp_path, case):
     folder = reports(tmp_path / "reports", images[0])
-    sbom = folder / f"sbom-{TARGET}.cdx.json"
+    sbom = folder / f"sbom-{KEY}.cdx.json"
     if case == "attachment older than the image":
         os.utime(sbom, (0, 0))
         sign_by, expected = (
@@ -389,10 +393,10 @@ def test_refused_before_anything_is_pushed(client, m, registry, images, keys, tm
             ),
         )
     with pytest.raises(publish.PushError) as refused:
-        publish.push(client, m, [TARGET], registry, sources={TARGET: images[0]}, reports_dir=folder, sign_by=sign_by)
+        publish.push(client, m, [TARGET], registry, sources={KEY: images[0]}, reports_dir=folder, sign_by=sign_by)
     assert str(refused.value) == expected
     host, path = f"{registry}/gemma4-e2b".split("/", 1)
-    assert registry_api.manifest_digest(host, path, "xeon6-v0.30.0") is None
+    assert registry_api.manifest_digest(host, path, NAME) is None
 
 
 def test_the_signing_key_reaches_no_image(client, m, registry, images, keys, tmp_path, inline_build):
