@@ -8,10 +8,12 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from gemma4_images.build import probe
 from gemma4_images.build.docker_build import local_image
 from gemma4_images.build.probe import RECORDS
+from gemma4_images.check import cargo_auditable
 from gemma4_images.spec.matrix import ROOT, Matrix, dockerfile_name
 
 DPKG_STATUS = "/var/lib/dpkg/status"
@@ -24,9 +26,56 @@ PACK = "/opt/gemma4-e2b/patches"
 COPY_LINE = re.compile(r"^COPY\s+(?:--\S+\s+)*(.+)$", re.M)
 
 # Run by the image's own python3 (the one first on its PATH, as the entrypoint's shebang finds it):
-# every distribution on its sys.path, and which import packages each one's files provide.
+# every distribution on its sys.path, which import packages each one's files provide, the
+# distributions vendored inside its files (metadata folders its RECORD lists besides its own, as
+# setuptools/_vendor/*.dist-info), and every ELF file with cargo-auditable data (the whole file
+# system but /proc, /sys and /dev; cargo_auditable's source, prepended, reads the section).
 PROBE = r"""
-import importlib.metadata as md, json, sys
+import base64, hashlib, importlib.metadata as md, json, os, sys
+from pathlib import Path
+
+
+def vendored(d):
+    own, found = Path(str(getattr(d, "_path", ""))).resolve(), {}
+    for f in d.files or ():
+        if f.name in ("METADATA", "PKG-INFO") and f.parent.name.endswith((".dist-info", ".egg-info", "EGG-INFO")):
+            folder = Path(d.locate_file(f)).parent
+            if folder.resolve() != own and folder.is_dir():
+                m = md.PathDistribution(folder).metadata
+                found[str(folder)] = {"name": m["Name"], "version": m["Version"], "path": str(folder)}
+    return sorted(found.values(), key=lambda v: v["path"])
+
+
+def audited(path):
+    with open(path, "rb") as f:
+        data = section(f)
+        if data is None:
+            return None
+        f.seek(0)
+        digest = hashlib.sha256()
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return {"path": path, "sha256": digest.hexdigest(), "dep_v0": base64.b64encode(data).decode()}
+
+
+def auditable():
+    out, folders = [], ["/"]
+    while folders:
+        with os.scandir(folders.pop()) as entries:
+            for e in entries:
+                if e.is_dir(follow_symlinks=False):
+                    if e.path not in ("/proc", "/sys", "/dev"):
+                        folders.append(e.path)
+                elif e.is_file(follow_symlinks=False):
+                    try:
+                        found = audited(e.path)
+                    except (OSError, ValueError):
+                        continue  # unreadable, or an ELF file cut short: no section to read
+                    if found:
+                        out.append(found)
+    return sorted(out, key=lambda b: b["path"])
+
+
 owners = {}
 for top, dists in md.packages_distributions().items():
     for dist in dists:
@@ -39,8 +88,10 @@ for d in md.distributions():
         "license": m.get("License-Expression") or m.get("License") or "",
         "classifiers": [c for c in (m.get_all("Classifier") or []) if c.startswith("License ::")],
         "packages": sorted(owners.get(m["Name"], ())),
+        "vendored": vendored(d),
     })
-print(json.dumps({"python": sys.executable, "version": sys.version.split()[0], "distributions": out}))
+print(json.dumps({"python": sys.executable, "version": sys.version.split()[0], "distributions": out,
+                  "auditable": auditable()}))
 """
 
 
@@ -130,6 +181,6 @@ def read(client, matrix: Matrix, target: str, ref: str) -> Contents:
         labels=labels,
         files=files,
         copied=ours,
-        python=probe.python(client, ref, PROBE),
+        python=probe.python(client, ref, Path(cargo_auditable.__file__).read_text() + PROBE),
         fixes=fixes,
     )

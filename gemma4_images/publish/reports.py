@@ -76,6 +76,7 @@ def write_provenance(contents, m, name: str, out: Path | None = None) -> str:
 GENERATOR_FILES = [
     "gemma4_images/build/probe.py",
     "gemma4_images/check/image_contents.py",
+    "gemma4_images/check/cargo_auditable.py",
     "gemma4_images/publish/sbom.py",
     "gemma4_images/publish/provenance.py",
     "gemma4_images/spec/matrix.py",

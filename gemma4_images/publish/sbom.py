@@ -1,10 +1,12 @@
 """A CycloneDX 1.6 SBOM of a built image (cyclonedx-python-lib): its OS packages (dpkg status), its
-Python distributions (read by the image's own Python), its base image by name and digest, our own
+Python distributions (read by the image's own Python) with those vendored inside them, the Rust
+crates compiled into its binaries (cargo-auditable), its base image by name and digest, our own
 files (what the Dockerfile copies, and the build's records), and each applied fix as a
 `pedigree.patches` entry on the distribution whose files it edits."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import importlib
@@ -19,12 +21,12 @@ from cyclonedx.model import AttachedText, HashAlgorithm, HashType, Property
 from cyclonedx.model.bom import Bom, BomMetaData
 from cyclonedx.model.component import Commit, Component, ComponentType, Diff, Patch, PatchClassification, Pedigree
 from cyclonedx.model.issue import IssueClassification, IssueType
-from cyclonedx.model.tool import Tool
 from cyclonedx.output.json import JsonV1Dot6
 from cyclonedx.schema import SchemaVersion
 from packageurl import PackageURL
 
 from gemma4_images.build.localbase import INTERPRETER_LABEL
+from gemma4_images.check import cargo_auditable
 from gemma4_images.check.image_contents import DPKG_STATUS, RECORDS, Contents, ImageError
 from gemma4_images.spec.reference import Reference
 
@@ -36,6 +38,9 @@ PROP = "gemma4-images"
 # A git commit named in fix.json's written_against: 7 to 40 hex digits standing alone (a 64-digit
 # sha256 in the same text is longer, so it never matches).
 COMMIT = re.compile(r"(?<![0-9a-f])[0-9a-f]{7,40}(?![0-9a-f])")
+# Python metadata in a folder named tests is a package's test fixture, not an installed distribution
+# (setuptools' pkg_resources/tests/data/my-test-package_unpacked-egg): nothing imports it.
+TEST_FIXTURE = re.compile(r"/tests?/")
 
 
 def sha256_hex(data: bytes) -> str:
@@ -66,6 +71,15 @@ def dpkg_packages(status: str) -> list[dict[str, str]]:
     return packages
 
 
+def deb_upstream(source: str) -> str | None:
+    """The purl's upstream= qualifier as syft writes it from dpkg's Source field: the source
+    package, with its version when that differs from the binary's ('glibc (2.36-9)' ->
+    'glibc@2.36-9'); None without a Source field (source and binary package are the same)."""
+    name, _, version = source.strip().partition(" ")
+    version = version.strip().removeprefix("(").removesuffix(")")
+    return (f"{name}@{version}" if version else name) or None
+
+
 def _hash(hex_digest: str) -> HashType:
     return HashType(alg=HashAlgorithm.SHA_256, content=hex_digest.removeprefix("sha256:"))
 
@@ -93,14 +107,18 @@ def os_components(contents: Contents) -> list[Component]:
         )
     ]
     for pkg in dpkg_packages(contents.text(DPKG_STATUS)):
+        upstream = deb_upstream(pkg.get("Source", ""))
         purl = PackageURL(
             type="deb",
             namespace=distro,
             name=pkg["Package"],
             version=pkg.get("Version"),
-            qualifiers={"arch": pkg.get("Architecture", ""), **({"distro": qualifier} if qualifier else {})},
+            qualifiers={
+                "arch": pkg.get("Architecture", ""),
+                **({"distro": qualifier} if qualifier else {}),
+                **({"upstream": upstream} if upstream else {}),
+            },
         )
-        source = pkg.get("Source", "").split(" ")[0]
         out.append(
             Component(
                 type=ComponentType.LIBRARY,
@@ -109,7 +127,6 @@ def os_components(contents: Contents) -> list[Component]:
                 description=pkg.get("Description", "").split("\n")[0] or None,
                 purl=purl,
                 bom_ref=purl.to_string(),
-                properties=[Property(name=f"{PROP}:deb:source", value=source)] if source else None,
             )
         )
     return out
@@ -129,8 +146,30 @@ def _normal(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+def vendored_components(dist: dict) -> list[Component]:
+    """The distributions vendored inside dist's files (setuptools/_vendor/*.dist-info), test
+    fixtures left out; each is told apart from an installed one by its path."""
+    out = []
+    for vendored in dist.get("vendored", []):
+        if TEST_FIXTURE.search(vendored["path"]):
+            continue
+        purl = PackageURL(type="pypi", name=_normal(vendored["name"]), version=vendored["version"])
+        out.append(
+            Component(
+                type=ComponentType.LIBRARY,
+                name=vendored["name"],
+                version=vendored["version"],
+                purl=purl,
+                bom_ref=f"vendored:{vendored['path']}",
+                properties=[Property(name=f"{PROP}:python:vendored-at", value=vendored["path"])],
+            )
+        )
+    return out
+
+
 def python_components(contents: Contents) -> dict[str, Component]:
-    """The image Python's distributions, keyed by name; one entry per name and version."""
+    """The image Python's distributions, keyed by name; one entry per name and version, each with
+    the distributions vendored inside it as its own components."""
     out: dict[str, Component] = {}
     for dist in contents.python["distributions"]:
         purl = PackageURL(type="pypi", name=_normal(dist["name"]), version=dist["version"])
@@ -146,6 +185,42 @@ def python_components(contents: Contents) -> dict[str, Component]:
             purl=purl,
             bom_ref=purl.to_string(),
             properties=props,
+            components=vendored_components(dist),
+        )
+    return out
+
+
+def binary_components(contents: Contents) -> list[Component]:
+    """Each binary with cargo-auditable data, the Rust crates compiled into it as its components."""
+    out = []
+    for binary in contents.python.get("auditable", []):
+        path = binary["path"]
+        try:
+            crates = cargo_auditable.crates(base64.b64decode(binary["dep_v0"]))
+        except ValueError as e:
+            raise ImageError(f"{contents.ref}: {path}: {e}") from None
+        nested = {}
+        for crate in crates:
+            purl = PackageURL(type="cargo", name=crate["name"], version=crate["version"])
+            source = [Property(name=f"{PROP}:cargo:source", value=crate["source"])] if crate["source"] else None
+            ref = f"cargo:{path}:{purl.to_string()}:{crate['source']}"  # a crate twice only from two sources
+            nested[ref] = Component(
+                type=ComponentType.LIBRARY,
+                name=crate["name"],
+                version=crate["version"],
+                purl=purl,
+                bom_ref=ref,
+                properties=source,
+            )
+        out.append(
+            Component(
+                type=ComponentType.APPLICATION,
+                name=path,
+                hashes=[_hash(binary["sha256"])],
+                bom_ref=f"binary:{path}",
+                description="a binary whose .dep-v0 section (cargo-auditable) lists the Rust crates compiled into it",
+                components=nested.values(),
+            )
         )
     return out
 
@@ -269,6 +344,7 @@ def build_bom(contents: Contents) -> Bom:
         *os_components(contents),
         interpreter_component(contents),
         *dists.values(),
+        *binary_components(contents),
         *file_components(contents),
     ]
     created = engine_time(contents.created)
@@ -278,8 +354,14 @@ def build_bom(contents: Contents) -> Bom:
         metadata=BomMetaData(component=image, timestamp=created),
         components=components,
     )
-    bom.metadata.tools.tools.add(
-        Tool(vendor=PROP, name="build.py sbom", version=labels.get("org.opencontainers.image.revision"))
+    # CycloneDX 1.6's form of tools ({"components": [...]}; the list of tools is deprecated since 1.5)
+    bom.metadata.tools.components.add(
+        Component(
+            type=ComponentType.APPLICATION,
+            group=PROP,
+            name="build.py sbom",
+            version=labels.get("org.opencontainers.image.revision"),
+        )
     )
     bom.register_dependency(image, components)
     return bom

