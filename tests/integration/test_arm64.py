@@ -78,7 +78,7 @@ def smoke_both(folder: Path, figures: dict) -> dict:
     them); every check must pass with the exact answers. Returns the arm64 report."""
     reports_of = {}
     for p in M.platforms("xeon6"):
-        path = folder / f"smoke-{reports.key('xeon6', p)}.json"
+        path = folder / f"smoke-{reports.key('xeon6', p, M.report_release)}.json"
         _, took = timed("smoke", "cpu", "--tiny", "--platform", p, "--report", str(path))
         report = json.loads(path.read_text())
         assert report["ok"] and not report["server_errors"], report["checks"]
@@ -156,7 +156,7 @@ def publish_both(client, folder: Path) -> dict:
     figures, images = {}, {p: M.tiny_tag("xeon6", p) for p in M.platforms("xeon6")}
     for p in images:  # the SBOM and provenance `build` wrote for each platform's image
         for name in ("sbom-{}.cdx.json", "provenance-{}.intoto.json"):
-            shutil.copy(matrix.ROOT / "reports" / name.format(reports.key("xeon6", p)), folder)
+            shutil.copy(matrix.ROOT / "reports" / name.format(reports.key("xeon6", p, M.report_release)), folder)
     fpr, _ = make_key(folder.parent / "gnupg", "tier")
     with gnupg_home(folder.parent / "gnupg"), local_registry.registry(folder.parent, client) as host:
         start = time.monotonic()
@@ -165,7 +165,7 @@ def publish_both(client, folder: Path) -> dict:
             M,
             ["xeon6"],
             f"{host}/tier",
-            sources={reports.key("xeon6", p): tag for p, tag in images.items()},
+            sources={reports.key("xeon6", p, M.report_release): tag for p, tag in images.items()},
             reports_dir=folder,
             sign_by=fpr,
             allow_dirty=True,  # the tier runs on a working tree; it proves the push, not a release
