@@ -12,7 +12,7 @@
 #   CREATED=$(date -u -d @$(git log -1 --format=%ct) +%Y-%m-%dT%H:%M:%SZ) docker buildx bake ...
 # Unlike build.py, bake cannot look at the base it builds on: the base.digest label is the digest
 # pinned in targets.yaml, or empty, and a missing vendor base is not replaced by a local stand-in
-# (pass --set gemma4-e2b-xeon6.args.BASE_IMAGE=... for that).
+# (pass --set <bake target>.args.BASE_IMAGE=... for that).
 # Each target's labels are the ones its Dockerfile's LABEL makes from its args, listed so that
 # `docker buildx bake --print` shows them: change a fact through a variable, not one arg.
 # Targets that serve audio install targets.yaml's audio_extras from the wheelhouse at WHEELS_URL,

@@ -1072,7 +1072,11 @@ def bench_cmd(
 @cli.command("sbom")
 @click.argument("target", type=TARGET)
 @click.option("--image", callback=reference, help="Built image to describe (default: the target's tag).")
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Default reports/sbom-<target>.cdx.json.")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Default reports/sbom-<target>[-v<release>].cdx.json.",
+)
 @VLLM
 def sbom_cmd(target, image, out):
     """Write a CycloneDX 1.6 SBOM of TARGET's built image: OS packages, Python distributions, the
@@ -1090,7 +1094,9 @@ def sbom_cmd(target, image, out):
 @click.argument("target", type=TARGET)
 @click.option("--image", callback=reference, help="Built image to describe (default: the target's tag).")
 @click.option(
-    "--out", type=click.Path(dir_okay=False, path_type=Path), help="Default reports/provenance-<target>.intoto.json."
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Default reports/provenance-<target>[-v<release>].intoto.json.",
 )
 @click.option(
     "--verify",
@@ -1215,9 +1221,13 @@ def policy_cmd(repository, key, folder):
     from gemma4_images.publish import sigstore_policy
 
     try:
-        written = sigstore_policy.write(folder, repository, key.read_text(), str(key))
-    except (sigstore_policy.PolicyError, OSError) as e:
-        fail(str(e) if isinstance(e, sigstore_policy.PolicyError) else f"{key}: {e.strerror}", 2)
+        pem = key.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        fail(f"--cosign-key {key}: {getattr(e, 'strerror', None) or 'not a text file'}", 2)
+    try:
+        written = sigstore_policy.write(folder, repository, pem, str(key))
+    except sigstore_policy.PolicyError as e:
+        fail(str(e), 2)
     click.echo("wrote " + ", ".join(str(p) for p in written))
 
 
@@ -1235,8 +1245,8 @@ def promote(family, version, source):
         fail(f"{family} is not a family ({', '.join(families)})", 2)
     try:
         written = lifecycle.promote(family, version, source)
-    except lifecycle.BadInput as e:
-        fail(f"{e}; nothing was changed", 2)
+    except lifecycle.BumpError as e:  # bad input (exit 2), or git could not say what changed
+        fail(f"{e}; nothing was changed", e.code)
     click.echo("wrote " + ", ".join(written))
 
 
@@ -1249,8 +1259,8 @@ def retire(version):
 
     try:
         removed = lifecycle.retire(version)
-    except lifecycle.BadInput as e:
-        fail(f"{e}; nothing was changed", 2)
+    except lifecycle.BumpError as e:
+        fail(f"{e}; nothing was changed", e.code)
     click.echo("changed " + ", ".join(removed))
 
 

@@ -29,15 +29,20 @@ INPUTS = [
 
 def platform_facts() -> dict:
     """targets.yaml's platform parts: every target's other platforms and the stand-ins for them."""
-    from gemma4_images.spec import matrix, platforms
+    from gemma4_images.spec import matrix
 
-    # At each target's default release: the tier builds what the CLI builds without --vllm.
+    # At each target's default release: the tier builds what the CLI builds without --vllm, on the
+    # stand-in each of its other platforms names there, with that stand-in's lock.
     views = {n: matrix.load_default(n) for n in matrix.load().targets}
+    standins = {}
+    for n, v in views.items():
+        for p in v.targets[n].base.platforms:
+            s = v.standin(n, p)
+            if s is not None:
+                standins[f"{n} {p}"] = {**s.model_dump(), "lock_text": s.lock_path.read_text()}
     return {
         "targets": {n: {p: b.model_dump() for p, b in v.targets[n].base.platforms.items()} for n, v in views.items()},
-        "standins": {
-            k: s.model_dump() for v in views.values() for k, s in v.standins.items() if s.platform != platforms.DEFAULT
-        },
+        "standins": standins,
     }
 
 

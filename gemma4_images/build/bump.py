@@ -414,12 +414,17 @@ class Files:
             if data is None:
                 path.unlink(missing_ok=True)
             else:
+                path.parent.mkdir(parents=True, exist_ok=True)  # a folder a removal emptied and took
                 path.write_bytes(data)
         for path in self.before:  # folders bump made and left empty
-            for parent in path.relative_to(self.root).parents:
-                folder = self.root / parent
-                if parent != Path(".") and folder.is_dir() and not any(folder.iterdir()):
-                    folder.rmdir()
+            self.prune(path)
+
+    def prune(self, path: Path) -> None:
+        """Remove the empty folders above path, up to the root."""
+        for parent in path.relative_to(self.root).parents:
+            folder = self.root / parent
+            if parent != Path(".") and folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
 
 
 def _run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:

@@ -9,7 +9,9 @@ import json
 import re
 from pathlib import Path
 
-from gemma4_images.build.bump import WRITES, BadInput, Files, uncommitted
+from gemma4_images.build.bump import WRITES, BadInput, BumpError, Files, uncommitted
+
+__all__ = ["BadInput", "BumpError", "promote", "retire"]
 from gemma4_images.generate import render
 from gemma4_images.spec import matrix as matrix_mod
 from gemma4_images.spec.matrix import ROOT
@@ -31,9 +33,9 @@ def _rendered(files: Files, root: Path) -> None:
         for v in matrix_mod.releases(root / "targets.yaml", root / "releases")
         if v != own.project.vllm_version
     ]
-    for rel in render.render_all(own, others, root):
-        files.keep(Path(rel))
-    render.write(own, others, root)
+    for rel, content in render.render_all(own, others, root).items():
+        if not (root / rel).is_file() or (root / rel).read_text() != content:
+            files.write(Path(rel), content)
 
 
 def promote(family: str, version: str, source: str, root: Path = ROOT) -> list[str]:
@@ -42,10 +44,12 @@ def promote(family: str, version: str, source: str, root: Path = ROOT) -> list[s
     _clean(root, ("targets.yaml",))
     path = root / "targets.yaml"
     text = path.read_text()
-    entry = rf"^defaults:\n(?:[ #].*\n|\n)*?  {re.escape(family)}:\n    vllm: (.*)\n    source: (.*)\n"
+    entry = rf"^defaults:\n(?:[ #].*\n|\n)*?  {re.escape(family)}:\n    vllm: (\S+).*\n    source: (.*)\n(?!     )"
     block = re.search(entry, text, re.M)
-    if block is None:
-        raise BadInput(f"targets.yaml has no defaults.{family} entry of two lines (vllm, then source)")
+    if block is None:  # e.g. a source folded over lines: the one edit cannot be made safely
+        raise BadInput(
+            f"targets.yaml's defaults.{family} is not two one-line keys (vllm, then source): edit it by hand"
+        )
     if block[1] == version:
         raise BadInput(f"vLLM {version} is already the {family} family's default")
     if not source.strip():
@@ -77,16 +81,24 @@ def retire(version: str, root: Path = ROOT) -> list[str]:
             f"(`python build.py promote {defaulted[0]} --vllm V --source WHY`)"
         )
     profiles = sorted({t.fixes.profile for t in view.targets.values() if t.fixes.profile})
-    others = [v for v in matrix_mod.releases(targets_file, releases_dir) if v != version]
+    others = [
+        matrix_mod.load(targets_file, v, releases_dir)
+        for v in matrix_mod.releases(targets_file, releases_dir)
+        if v != version
+    ]
     for other in others:
-        shared = {t.fixes.profile for t in matrix_mod.load(targets_file, other, releases_dir).targets.values()}
-        if shared & set(profiles):
-            raise BadInput(f"vLLM {other} uses profile(s) {', '.join(sorted(shared & set(profiles)))} too: not retired")
+        shared = {t.fixes.profile for t in other.targets.values()} & set(profiles)
+        if shared:
+            raise BadInput(
+                f"vLLM {other.project.vllm_version} uses profile(s) {', '.join(sorted(shared))} too: not retired"
+            )
+    kept = {s.lock for other in others for s in other.standins.values()}  # a lock another release names stays
     files = Files(root)
     try:
         _remove(files, root, matrix_mod.release_file(version, releases_dir))
         for s in view.standins.values():
-            _remove(files, root, root / s.lock)
+            if s.lock not in kept:
+                _remove(files, root, root / s.lock)
         for profile in profiles:
             _remove(files, root, root / PROFILES / f"{profile}.json")
             for manifest in sorted((root / "patches").glob("*/fix.json")):
@@ -103,10 +115,7 @@ def retire(version: str, root: Path = ROOT) -> list[str]:
 def _remove(files: Files, root: Path, path: Path) -> None:
     files.keep(path.relative_to(root))
     path.unlink(missing_ok=True)
-    for parent in path.relative_to(root).parents:  # a release's own folder (requirements/vV/) goes with it
-        folder = root / parent
-        if parent != Path(".") and folder.is_dir() and not any(folder.iterdir()):
-            folder.rmdir()
+    files.prune(path)  # a release's own folder (requirements/vV/) goes with it
 
 
 def _drop_port(files: Files, root: Path, manifest: Path, profile: str) -> None:

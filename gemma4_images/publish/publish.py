@@ -83,7 +83,8 @@ def smoke_refusal(
     """Why image may not be pushed for target name on platform, or None when its smoke report
     (reports/smoke-<target>[-v<release>][-<arch>].json) clears it."""
     path = Path(reports_dir) / f"smoke-{reports.key(name, platform, release)}.json"
-    run = f"run `python build.py smoke {name}{platforms.parse(platform).option}` first"
+    release_option = f" --vllm {release}" if release else ""
+    run = f"run `python build.py smoke {name}{platforms.parse(platform).option}{release_option}` first"
     try:
         report = json.loads(path.read_text())
     except OSError:
@@ -290,6 +291,13 @@ def push(
                         f"regenerate it for this image (or remove it to push without it)"
                     )
     check_registry(reference.Reference.split(repo).host)
+    if cosigner:  # what podman and CRI-O nodes check the signatures with (docs/publish.md); before any push
+        try:
+            pem = cosign.public_key(*cosigner)
+            written = sigstore_policy.write(reports_dir / "containers", repo, pem, str(cosigner[0]))
+        except (sigstore_policy.PolicyError, cosign.CosignError) as e:
+            raise PushError(f"cannot write the node policy for {repo}: {e}") from None
+        log(f"wrote {', '.join(str(p) for p in written)}")
     steps = [
         functools.partial(_push_release, client, release, repo, reports_dir, signer, cosigner, log) for release in plan
     ]
@@ -470,10 +478,6 @@ def _sign_and_attest(entry: dict, key: str, reports_dir: Path, cosigner, log) ->
     signed = cosign.sign(host, path, entry["digest"], *cosigner)
     entry["cosign"] = {"signed": signed, "attestations": []}
     log(f"signed {signed} with cosign ({cosigner[0]})")
-    # What nodes pulling with podman or CRI-O check it with (docs/publish.md).
-    folder = reports_dir / "containers"
-    sigstore_policy.write(folder, entry["repository"], cosign.public_key(*cosigner), str(cosigner[0]))
-    entry["cosign"]["policy"] = str(folder / "policy.json")
     for item in attach.report_attachments(key, reports_dir):
         if not item.path.is_file():
             log(f"no {item.path} for {key}: nothing attested")

@@ -7,6 +7,7 @@ attachments. Proven with Debian trixie's skopeo 1.18 (tests/integration/test_cos
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 from pathlib import Path
 
@@ -49,11 +50,26 @@ def registries_d(repository: str) -> str:
 
 
 def write(folder: Path, repository: str, public_key: str, named: str = "the key") -> list[Path]:
-    """policy.json and registries.d/gemma4-e2b.yaml in folder, for /etc/containers/ on a node."""
+    """policy.json and registries.d/gemma4-e2b.yaml in folder (merged into /etc/containers/ on a
+    node); both or neither (PolicyError naming folder)."""
     folder = Path(folder)
-    body = json.dumps(policy(repository, public_key, named), indent=2) + "\n"  # checked before a file is written
-    entry = registries_d(repository)
-    (folder / "registries.d").mkdir(parents=True, exist_ok=True)
-    (folder / "policy.json").write_text(body)
-    (folder / "registries.d" / "gemma4-e2b.yaml").write_text(entry)
-    return [folder / "policy.json", folder / "registries.d" / "gemma4-e2b.yaml"]
+    files = {
+        folder / "policy.json": json.dumps(policy(repository, public_key, named), indent=2) + "\n",
+        folder / "registries.d" / "gemma4-e2b.yaml": registries_d(repository),
+    }
+    made = [p for p in [folder, folder / "registries.d"] if not p.exists()]
+    try:
+        for path, text in files.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.with_name(path.name + ".partial").write_text(text)
+        for path in files:
+            path.with_name(path.name + ".partial").replace(path)
+    except OSError as e:
+        with contextlib.suppress(OSError):  # under a file, nothing was made
+            for path in files:
+                path.with_name(path.name + ".partial").unlink(missing_ok=True)
+            for path in reversed(made):
+                if path.is_dir() and not any(path.iterdir()):
+                    path.rmdir()
+        raise PolicyError(f"cannot write into {folder}: {e.strerror}") from None
+    return list(files)

@@ -185,7 +185,7 @@ def unfixed_image(client, m, cpu_base):
 
 @pytest.fixture(scope="session")
 def cpu_image_at(request, client, m):
-    """Factory: the CPU image (tiny tokenizer) at a vLLM release: cpu_image for targets.yaml's own,
+    """Factory: the CPU image (tiny tokenizer) at a vLLM release: cpu_image for the CPU default's,
     else the release's registry-free base and the image built on it, once per session."""
     built = {}
 

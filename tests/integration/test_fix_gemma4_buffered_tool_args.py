@@ -1,4 +1,4 @@
-"""Fix gemma4-buffered-tool-args, on the real vLLM 0.30.0 of the CPU image.
+"""Fix gemma4-buffered-tool-args, on the real vLLM of the CPU image (the CPU default's release).
 
 The probe runs Gemma 4 tool-call outputs through the unified parser of
 ``--tool-call-parser gemma4`` as the chat serving layer does: ``Parser.parse``

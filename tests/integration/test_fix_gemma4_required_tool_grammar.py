@@ -32,11 +32,11 @@ def forced(choice, reasoning=""):
 
 
 @pytest.fixture(scope="module")
-def result(fix_package_observations, m):
+def result(fix_package_observations, own):
     """The CPU package of targets.yaml's own release: vLLM 0.30.0 with its xgrammar 0.2.9 (the
     gemma_4 builtin) and the floor 0.2.1. Every other package's grammar is held to the same
     verdict by tests/integration/test_fixes_on_every_package.py (tests/fix_verdicts.py grammar)."""
-    observed = fix_package_observations(f"cpu-{m.project.vllm_version}")
+    observed = fix_package_observations(f"cpu-{own.project.vllm_version}")
     assert observed["check_rc"] == 0 and observed["apply_rc"] == 0, (
         observed["logs"]["check"] + observed["logs"]["apply"]
     )

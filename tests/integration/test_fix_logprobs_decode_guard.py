@@ -1,4 +1,4 @@
-"""Fix logprobs-decode-guard, on the real vLLM 0.30.0 of the CPU image.
+"""Fix logprobs-decode-guard, on the real vLLM of the CPU image (the CPU default's release).
 
 The probe feeds vLLM's OutputProcessor (what AsyncLLM's output handler calls for every
 engine step) logprob token ids the tokenizer cannot decode. Unpatched, the error leaves

@@ -351,7 +351,8 @@ def test_refused_in_one_line_before_anything_is_pushed(client, m, own, images, i
             expected = (
                 f"refusing to push {images['linux/arm64']}: no smoke report for xeon6 "
                 f"({folder}/smoke-{PLATFORMS['linux/arm64']}.json); "
-                "run `python build.py smoke xeon6 --platform linux/arm64` first (or pass --skip-smoke)"
+                f"run `python build.py smoke xeon6 --platform linux/arm64 --vllm {RELEASE}` first "
+                "(or pass --skip-smoke)"
             )
         with pytest.raises(publish.PushError) as refused:
             publish.push(client, m, [TARGET], f"{host}/t", sources=sources, reports_dir=folder, **kw)

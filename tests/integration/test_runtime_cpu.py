@@ -144,7 +144,7 @@ def test_engine_death_stops_health_and_the_container(locked):
     assert wrapped.status == "exited", "the container kept running after its engine died"
     with pytest.raises(OSError):
         smoke.http("GET", url + "/health", timeout=5)
-    # vLLM 0.30.0 shuts its API server down when the engine core dies, with status 0 (recorded, not
+    # vLLM (0.30.0 and 0.32.0) shuts its API server down when the engine core dies, with status 0 (recorded, not
     # chosen): restart policies that restart only on failure will not restart it.
     print(f"exit code after engine death: {wrapped.attrs['State']['ExitCode']}")
 

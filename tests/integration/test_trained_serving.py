@@ -1,4 +1,4 @@
-"""vLLM 0.30.0 in the CPU image, serving the tiny trained Gemma 4 exactly as the smoke tier runs
+"""vLLM in the CPU image (the CPU default's release), serving the tiny trained Gemma 4 exactly as the smoke tier runs
 the image (targets.yaml xeon6: --user 2000, --shm-size 1g, VLLM_CPU_KVCACHE_SPACE=1,
 --enforce-eager, --kv-sharing-fast-prefill, the recipe's parsers and chat template), gives every
 scripted answer exactly under greedy decoding: chat, raw completion from <bos>, reasoning split,

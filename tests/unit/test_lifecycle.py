@@ -131,3 +131,20 @@ def test_uncommitted_changes_are_refused_before_anything_is_written(tree):
         r = build_py(*args, cwd=tree)
         assert r.returncode == 2 and "uncommitted changes" in r.stderr, r.stderr
     assert changes(tree) == {"patches/profiles/scratch.json": "??"}
+
+
+def test_a_retire_that_fails_midway_puts_every_file_back(tree, monkeypatch):
+    from gemma4_images.build import lifecycle
+    from gemma4_images.generate import render
+
+    family = matrix.load(vllm=RETIRED).targets[next(iter(matrix.load(vllm=RETIRED).targets))].family
+    assert build_py("promote", family, "--vllm", "0.32.0", "--source", "a test", cwd=tree).returncode == 0
+    git(tree, "commit", "-qam", "promoted")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the render broke")
+
+    monkeypatch.setattr(render, "render_all", broken)  # after every removal: the folders they emptied are gone
+    with pytest.raises(RuntimeError, match="the render broke"):
+        lifecycle.retire(RETIRED, root=tree)
+    assert changes(tree) == {}
