@@ -43,14 +43,14 @@ group "default" {
     "gemma4-e2b-mi325x",
     "gemma4-e2b-mi350x",
     "gemma4-e2b-mi355x",
-    "gemma4-e2b-xeon6-v0_32_0",
+    "gemma4-e2b-xeon6",
     "gemma4-e2b-trillium-v0_32_0",
     "gemma4-e2b-ironwood-v0_32_0",
   ]
 }
 
 group "gemma4-e2b-cpu" {
-  targets = ["gemma4-e2b-xeon6-v0_32_0"]
+  targets = ["gemma4-e2b-xeon6"]
 }
 
 # vLLM 0.32.0 (releases/vllm-0.32.0.yaml): run `python build.py stage --vllm 0.32.0` first.

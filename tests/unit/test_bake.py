@@ -61,7 +61,7 @@ def test_one_target_per_row_with_its_dockerfile_and_tag(m, parsed):
         for n in m.targets
     ]
     assert blocks(parsed, "group")["default"]["targets"] == at_default
-    assert "gemma4-e2b-b300-v0_34_0" in at_default and "gemma4-e2b-gaudi2" in at_default
+    assert "gemma4-e2b-b300-v0_34_0" in at_default and "gemma4-e2b-xeon6" in at_default
     assert blocks(parsed, "group")["gemma4-e2b-cpu"]["targets"] == [at_default[list(m.targets).index("xeon6")]]
 
 
@@ -193,4 +193,4 @@ def test_each_other_release_has_its_targets_and_group(m):
         f"gemma4-e2b-{name}-v0_32_0" for name in others[0].targets
     ]
     default = blocks(parsed, "group")["default"]["targets"]
-    assert "gemma4-e2b-xeon6-v0_32_0" in default and "gemma4-e2b-xeon6" not in default  # the CPU default
+    assert "gemma4-e2b-xeon6-v0_32_0" not in default and "gemma4-e2b-xeon6" in default  # the CPU default

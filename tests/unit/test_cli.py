@@ -152,8 +152,8 @@ echo "docker: Error response from daemon: pull access denied for gemma4-e2b" >&2
 @pytest.mark.parametrize(
     "args, tag, build",
     [
-        ([], "gemma4-e2b:xeon6-v0.32.0", "python build.py build xeon6"),  # the CPU default
-        (["--vllm", "0.30.0"], "gemma4-e2b:xeon6-v0.30.0", "python build.py build xeon6 --vllm 0.30.0"),
+        ([], "gemma4-e2b:xeon6-v0.30.0", "python build.py build xeon6"),  # the CPU default
+        (["--vllm", "0.32.0"], "gemma4-e2b:xeon6-v0.32.0", "python build.py build xeon6 --vllm 0.32.0"),
     ],
 )
 def test_run_without_the_image_names_the_build_and_asks_no_registry(tmp_path, args, tag, build):

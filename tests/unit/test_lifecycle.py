@@ -13,6 +13,8 @@ from gemma4_images.spec import matrix
 from tests.cli import ROOT, build_py
 
 RETIRED = "0.34.0"  # a release no other release shares a profile with
+CPU_DEFAULT = matrix.load().defaults["cpu"]
+CPU_OTHER = next(v for v in matrix.releases_of("xeon6") if v != CPU_DEFAULT.vllm)  # one promote can move to
 
 
 def git(tree, *args) -> str:
@@ -91,17 +93,16 @@ def test_retire_refuses_in_one_line_and_changes_nothing(tree, version, says):
 
 
 def test_promote_moves_the_default_by_one_edit_and_the_tag_follows(tree):
-    r = build_py("promote", "cpu", "--vllm", matrix.releases()[0], "--source", "back to: a test", cwd=tree)
+    r = build_py("promote", "cpu", "--vllm", CPU_OTHER, "--source", "back to: a test", cwd=tree)
     assert r.returncode == 0, r.stderr
     diff = [line for line in git(tree, "diff", "-U0", "targets.yaml").splitlines() if line[:1] in "+-"]
-    own = matrix.releases()[0]
     assert diff[2:] == [
-        "-    vllm: 0.32.0",
-        f"-    source: {matrix.load_default('xeon6').defaults['cpu'].source}",
-        f"+    vllm: {own}",
+        f"-    vllm: {CPU_DEFAULT.vllm}",
+        f"-    source: {CPU_DEFAULT.source}",
+        f"+    vllm: {CPU_OTHER}",
         "+    source: 'back to: a test'",
     ], diff
-    assert build_py("tag", "cpu", cwd=tree).stdout.strip() == f"gemma4-e2b:xeon6-v{own}"
+    assert build_py("tag", "cpu", cwd=tree).stdout.strip() == f"gemma4-e2b:xeon6-v{CPU_OTHER}"
     assert set(changes(tree)) == {"targets.yaml", "README.md", "docker-bake.hcl"}
     assert build_py("render", "--check", cwd=tree).returncode == 0
 
@@ -114,8 +115,8 @@ def test_promote_moves_the_default_by_one_edit_and_the_tag_follows(tree):
             "error: tensor is not a family (gaudi, cuda, rocm, cpu, tpu)",
         ),
         (["gaudi", "--vllm", "0.32.0", "--source", "x"], "vLLM 0.32.0 does not build gaudi2"),
-        (["cpu", "--vllm", "0.32.0", "--source", "x"], "vLLM 0.32.0 is already the cpu family's default"),
-        (["cpu", "--vllm", "0.30.0", "--source", " "], "say why vLLM 0.30.0 is the cpu family's default"),
+        (["cpu", "--vllm", CPU_DEFAULT.vllm, "--source", "x"], f"vLLM {CPU_DEFAULT.vllm} is already the cpu family's"),
+        (["cpu", "--vllm", CPU_OTHER, "--source", " "], f"say why vLLM {CPU_OTHER} is the cpu family's default"),
         (["cpu", "--vllm", "0.29.0", "--source", "x"], "no vLLM 0.29.0 release here"),
     ],
 )
@@ -127,7 +128,7 @@ def test_promote_refuses_in_one_line_and_changes_nothing(tree, args, says):
 
 def test_uncommitted_changes_are_refused_before_anything_is_written(tree):
     (tree / "patches" / "profiles" / "scratch.json").write_text("{}\n")
-    for args in (["retire", "--vllm", "0.32.0"], ["promote", "cpu", "--vllm", "0.30.0", "--source", "x"]):
+    for args in (["retire", "--vllm", "0.32.0"], ["promote", "cpu", "--vllm", CPU_OTHER, "--source", "x"]):
         r = build_py(*args, cwd=tree)
         assert r.returncode == 2 and "uncommitted changes" in r.stderr, r.stderr
     assert changes(tree) == {"patches/profiles/scratch.json": "??"}

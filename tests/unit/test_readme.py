@@ -33,10 +33,10 @@ def test_each_target_shows_its_default_release_and_every_release_it_is_built_on(
 def test_a_family_moved_to_another_default_release_changes_its_rows(views):
     own, others = views
     moved = own.model_copy(deep=True)
-    moved.defaults["cpu"] = moved.defaults["cpu"].model_copy(update={"vllm": "0.30.0"})
+    moved.defaults["cpu"] = moved.defaults["cpu"].model_copy(update={"vllm": "0.32.0"})
     shown = row(readme.block(moved, others), "xeon6")
-    assert "**0.30.0**, 0.32.0" in shown
-    assert "`vllm/vllm-openai-cpu:v0.30.0-x86_64`" in shown and "`gemma4-e2b:xeon6-v0.30.0`" in shown
+    assert "0.30.0, **0.32.0**" in shown
+    assert "`vllm/vllm-openai-cpu:v0.32.0-x86_64`" in shown and "`gemma4-e2b:xeon6-v0.32.0`" in shown
     assert row(readme.block(own, others), "xeon6") != shown
 
 

@@ -173,18 +173,18 @@ def tree(tmp_path):
 
 def test_a_familys_default_release_is_what_commands_use_without_vllm(tree):
     text = (tree / "targets.yaml").read_text()
-    cpu = "  cpu:\n    vllm: 0.32.0\n"
+    cpu = f"  cpu:\n    vllm: {OWN}\n"
     assert cpu in text
-    assert build_py("tag", "cpu", cwd=tree).stdout.strip() == "gemma4-e2b:xeon6-v0.32.0"
-    (tree / "targets.yaml").write_text(text.replace(cpu, f"  cpu:\n    vllm: {OWN}\n", 1))
     assert build_py("tag", "cpu", cwd=tree).stdout.strip() == f"gemma4-e2b:xeon6-v{OWN}"
-    assert build_py("tag", "cpu", "--vllm", "0.32.0", cwd=tree).stdout.strip() == "gemma4-e2b:xeon6-v0.32.0"
+    (tree / "targets.yaml").write_text(text.replace(cpu, "  cpu:\n    vllm: 0.32.0\n", 1))
+    assert build_py("tag", "cpu", cwd=tree).stdout.strip() == "gemma4-e2b:xeon6-v0.32.0"
+    assert build_py("tag", "cpu", "--vllm", OWN, cwd=tree).stdout.strip() == f"gemma4-e2b:xeon6-v{OWN}"
     assert build_py("tag", "mi355x", cwd=tree).stdout.strip() == f"gemma4-e2b:mi355x-v{OWN}"
     rows = json.loads(build_py("list", "--json", cwd=tree).stdout)
     xeon6 = {r["vllm"]: r["default"] for r in rows if r["target"] == "xeon6"}
-    assert xeon6 == {OWN: True, "0.32.0": False}
+    assert xeon6 == {OWN: False, "0.32.0": True}
     dry = build_py("build", "cpu", "--dry-run", cwd=tree).stdout
-    assert f"BASE_IMAGE=vllm/vllm-openai-cpu:v{OWN}-x86_64" in dry and f"GEMMA4_FIXES_PROFILE=vllm-{OWN}" in dry
+    assert "BASE_IMAGE=vllm/vllm-openai-cpu:v0.32.0-x86_64" in dry and "GEMMA4_FIXES_PROFILE=vllm-0.32.0" in dry
 
 
 def test_vllm_naming_a_release_the_target_lacks_is_one_line_and_exit_2():
