@@ -219,7 +219,7 @@ def test_a_step_failing_after_files_were_written_puts_every_one_back(clone):
     r = bump(clone, *ACCEPT, env={**os.environ, "UV": "/bin/false"})
     assert r.returncode == 1 and "scripts/lock.sh for 0.32.0 failed" in one_line(r)
     assert status(clone) == ""
-    assert not (clone / "releases").exists() and not (clone / f"requirements/v{VERSION}").exists()
+    assert not (clone / f"releases/vllm-{VERSION}.yaml").exists() and not (clone / f"requirements/v{VERSION}").exists()
 
 
 # A stand-in for uv: it says it started, then writes its -o file a while later, as uv does at the end
@@ -265,7 +265,7 @@ def test_a_stopped_bump_leaves_no_lock_step_running_and_nothing_written(clone, t
     assert not running(int(started.read_text()))
     time.sleep(delay + 2)  # past the moment the stand-in would have written its lock
     assert status(clone) == ""
-    assert not (clone / "releases").exists() and not (clone / f"requirements/v{VERSION}").exists()
+    assert not (clone / f"releases/vllm-{VERSION}.yaml").exists() and not (clone / f"requirements/v{VERSION}").exists()
 
 
 def test_check_names_each_family_behind_the_index_and_exits_1_only_then():

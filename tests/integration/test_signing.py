@@ -20,14 +20,10 @@ from test_no_secrets import files_holding
 from gemma4_images.build import registry as registry_api
 from gemma4_images.check.smoke import Check, Report
 from gemma4_images.publish import attach, publish, signing, verify
-from gemma4_images.publish import reports as reports_mod
-from gemma4_images.spec import matrix
 from tests.cli import build_py
+from tests.cpu_default import KEY, NAME, TARGET
 
 pytestmark = pytest.mark.integration
-TARGET = "xeon6"
-KEY = reports_mod.key(TARGET, release=matrix.load_default(TARGET).report_release)  # its reports' name
-NAME = matrix.load_default(TARGET).version_name(TARGET)  # xeon6-v<the CPU default>
 REVISION = "89abcdef0123456789abcdef0123456789abcdef"
 SIGNED, UNSIGNED = "gemma4-e2b-test/sign:signed", "gemma4-e2b-test/sign:unsigned"
 DOCKERFILE = """\

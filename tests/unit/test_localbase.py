@@ -64,7 +64,7 @@ def test_a_stale_root_filesystem_is_rebuilt_even_when_the_base_matches_it(monkey
         localbase.cpu_base(client_with("an-older-package-list"), M, print)
 
 
-def test_prefetch_runs_on_the_root_filesystem_while_the_base_builds(monkeypatch, any_buildkit_cli):
+def test_prefetch_runs_on_the_root_filesystem_while_the_base_builds(monkeypatch, any_buildkit_cli, tmp_path):
     # The base is missing (rebuilt); the image build's downloads go ahead meanwhile: the stand-in
     # build below only finishes once prefetch has been called, so a prefetch run after the base
     # build (or never) fails here.
@@ -73,7 +73,9 @@ def test_prefetch_runs_on_the_root_filesystem_while_the_base_builds(monkeypatch,
     started, seen = threading.Event(), []
     label = localbase.INPUTS_LABEL
     client = FakeClient({localbase.ROOTFS_TAG: ("sha256:rootfs", {label: localbase.ROOTFS_INPUTS})})
-    monkeypatch.setattr(localbase, "locked_wheelhouse", lambda *a, **kw: "/wheels")
+    house = tmp_path / "wheelhouse"
+    house.mkdir()
+    monkeypatch.setattr(localbase, "locked_wheelhouse", lambda *a, **kw: house)
 
     def build_base(client, matrix, standin, log, tag, nocache, base, inputs, wheels, interpreter=None):
         assert started.wait(10), "prefetch did not run while the base was building"
@@ -82,7 +84,24 @@ def test_prefetch_runs_on_the_root_filesystem_while_the_base_builds(monkeypatch,
     monkeypatch.setattr(localbase, "_build_base", build_base)
     prefetched = []
     localbase.cpu_base(client, M, print, prefetch=lambda rootfs: prefetched.append(rootfs) or started.set())
-    assert prefetched == [localbase.ROOTFS_TAG] and seen == [(BASE, localbase.ROOTFS_TAG, "/wheels")]
+    assert prefetched == [localbase.ROOTFS_TAG] and seen == [(BASE, localbase.ROOTFS_TAG, house)]
+    assert not house.exists()  # the base holds its wheels: the disk gets the wheelhouse back
+
+
+def test_a_failed_base_build_keeps_its_wheelhouse_for_the_next_try(monkeypatch, any_buildkit_cli, tmp_path):
+    label = localbase.INPUTS_LABEL
+    client = FakeClient({localbase.ROOTFS_TAG: ("sha256:rootfs", {label: localbase.ROOTFS_INPUTS})})
+    house = tmp_path / "wheelhouse"
+    house.mkdir()
+    monkeypatch.setattr(localbase, "locked_wheelhouse", lambda *a, **kw: house)
+
+    def build_base(*args, **kwargs):
+        raise localbase.LocalBaseError("the build failed")
+
+    monkeypatch.setattr(localbase, "_build_base", build_base)
+    with pytest.raises(localbase.LocalBaseError):
+        localbase.cpu_base(client, M, print)
+    assert house.exists()
 
 
 @pytest.mark.parametrize("key", sorted(M.standins))
