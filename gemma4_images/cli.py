@@ -116,7 +116,7 @@ def log(line: str) -> None:
 
 def load(name: str | None = None) -> matrix_mod.Matrix:
     """targets.yaml at the vLLM release of --vllm, else at target name's default release (its
-    family's, targets.yaml `defaults`), else at project.vllm_version; read once per command and
+    family's, targets.yaml `defaults`), else at the first release; read once per command and
     release (a MatrixError exits 2 through Cli.invoke)."""
     meta = click.get_current_context().meta
     views = meta.setdefault("matrices", {})
@@ -424,18 +424,26 @@ def build(
     type=click.Path(dir_okay=False, path_type=Path),
     default=matrix_mod.TARGETS_FILE,
     show_default="targets.yaml",
-    help="The targets file to read and edit.",
+    help="The targets file to read; the release files of the releases/ folder beside it are edited.",
 )
 def pin_cmd(targets, check, path):
-    """Record each base image's registry digest in targets.yaml (TARGETS, default all; Gaudi's
-    stage-1 image for gaudi2), keeping its comments and layout; builds then pull image@digest."""
+    """Record each base image's registry digest in its release file (TARGETS, default all, at every
+    release that builds them; Gaudi's stage-1 image for gaudi2), keeping comments and layout;
+    builds then pull image@digest."""
+    releases_dir = path.parent / "releases"
     # TARGETS are names in --file, which may not be targets.yaml: resolved here, not by TargetName.
-    m = matrix_mod.load(path)
-    names = every_target(m, [t if t == "all" else m.resolve(t) for t in targets])
-    results = pin.resolve(pin.bases(m, names))
+    views = matrix_mod.views(path, releases_dir)
+    asked = _targets_at_any_release(views, targets)
+    plans = []  # (release file, its bases)
+    for version, view in views.items():
+        names = every_target(view, [n for n in asked if n in view.targets]) if asked else list(view.targets)
+        if names:
+            where = matrix_mod.release_file(version, releases_dir)
+            plans.append((where, view, names, pin.bases(view, names, f"releases/{where.name}")))
+    results = pin.resolve([b for *_, found in plans for b in found])
     for r in results:
         click.echo(r.line())
-    mismatched = pin.disagreements(m, names, results)
+    mismatched = [line for _, view, names, _ in plans for line in pin.disagreements(view, names, results)]
     for line in mismatched:
         click.echo(line)
     unresolved = [r for r in results if r.state in ("error", "missing")]
@@ -458,15 +466,38 @@ def pin_cmd(targets, check, path):
         if problems:
             fail("; ".join(problems))
         return
-    changed = pin.write(path, {r.base.image: r.digest for r in results if r.state in ("moved", "unpinned")})
+    changed = []
+    for where, _, _, found in plans:
+        ours = {b.image for b in found}
+        due = {r.base.image: r.digest for r in results if r.state in ("moved", "unpinned") and r.base.image in ours}
+        changed += [f"{img} ({where.name})" for img in pin.write(where, due)] if due else []
     click.echo(
-        f"pinned {len(changed)} base(s) in {path}" if changed else f"{path} already pins every digest it could resolve"
+        f"pinned {len(changed)} base(s) in {releases_dir}"
+        if changed
+        else f"{releases_dir} already pins every digest it could resolve"
     )
     if changed and path.resolve() == matrix_mod.TARGETS_FILE.resolve():
         wrote = render.write(matrix_mod.load())
         click.echo("re-rendered " + ", ".join(wrote))
     if unresolved:
         fail(f"{len(unresolved)} base(s) could not be resolved (see above); their digests are unchanged")
+
+
+def _targets_at_any_release(views: dict, names: tuple[str, ...]) -> list[str]:
+    """The targets names stand for (aliases resolved) at whichever release builds them; [] for all."""
+    if not names or "all" in names:
+        return []
+    out = []
+    for name in names:
+        for view in views.values():
+            try:
+                out.append(view.resolve(name))
+                break
+            except matrix_mod.MatrixError:
+                continue
+        else:
+            next(iter(views.values())).resolve(name)  # its one-line error
+    return out
 
 
 @cli.command()

@@ -6,7 +6,7 @@ from gemma4_images.spec import matrix
 
 TARGET = "xeon6"
 _AT_DEFAULT = matrix.load_default(TARGET)
-RELEASE = _AT_DEFAULT.report_release  # None at targets.yaml's own release: its reports keep plain names
+RELEASE = _AT_DEFAULT.report_release  # None at the first release: its reports keep plain names
 NAME = _AT_DEFAULT.version_name(TARGET)  # xeon6-v<the CPU default>
 SMOKE_OPTION = f" --vllm {RELEASE}" if RELEASE else ""  # what `build.py smoke` is told for that release
 

@@ -1,5 +1,5 @@
 """vLLM releases side by side: the start-up and load benchmarks of the CPU image at every release
-xeon6 is built on (targets.yaml's own and releases/'s), in one run, each against the first."""
+xeon6 is built on (each of releases/), in one run, each against the first."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ Facts and where they come from:
 - the audio extras: VERSION's `audio` extra; packages already pinned keep their pins, a new one is
   pinned at its newest release when VERSION was published;
 - the upstream files (the chat template): the same members of vllm-VERSION.tar.gz, its sha256 from
-  the index; each must be there, and its diff against targets.yaml's release is shown;
+  the index; each must be there, and its diff against the first release's is shown;
 - base images, stand-in tags and what they stand for: the vendor's tags with v<old> replaced by
   v<VERSION> (vLLM's tag convention, targets.yaml cites it); digests null until `pin`;
 - the stand-ins' locks: scripts/lock.sh for this release only (requirements/v<VERSION>/...);
@@ -72,7 +72,7 @@ def _port_tool():
 @dataclass
 class Plan:
     version: str
-    old: str  # the release the targets are taken from (targets.yaml's own)
+    old: str  # the release the targets are taken from (the first release, the oldest of releases/)
     targets: list[str]
     families: list[str]
     release: dict  # releases/vllm-<version>.yaml as data
@@ -116,7 +116,7 @@ def plan(
 ) -> Plan:
     old = m.project.vllm_version
     if version == old:
-        raise BadInput(f"vLLM {version} is targets.yaml's own release; bump moves to another one")
+        raise BadInput(f"vLLM {version} is the first release, which bump starts from; bump moves to another one")
     targets = targets_named(m, names)
     families = list(dict.fromkeys(m.targets[t].family for t in targets))
     for family in families:
@@ -208,8 +208,7 @@ def _audio(p: Plan, m: Matrix, metas: dict, published: str) -> None:
     # Pins kept in their order; a package the extra adds, at its newest release when VERSION was.
     out = [entry for name, entry in pinned.items() if name in names]
     out += [f"{n}=={pypi.project(n).newest(before=published)}" for n in sorted(names - set(pinned))]
-    if out != m.audio_extras:
-        p.release["audio_extras"] = out
+    p.release["audio_extras"] = out
     p.changes.append(("audio extras", " ".join(m.audio_extras), " ".join(out)))
 
 
@@ -255,8 +254,17 @@ def _upstream(p: Plan, m: Matrix, log=print) -> None:
 def _bases(p: Plan, m: Matrix, overrides: dict[str, str]) -> None:
     """Each target's base and stand-in at the release; overrides ({requirement: why}) replace what
     the family's vLLM pins in its stand-ins' locks, each reason recorded in the release file."""
-    if overrides:
-        p.release["release"].setdefault("overrides", {}).update(overrides)
+    # The first release's overrides of a stand-in's pins hold at this one too (with their reasons) until
+    # a person drops them; a new one adds its own.
+    reasons = (yaml.safe_load(matrix_mod.release_file(p.old).read_text())["release"] or {}).get("overrides", {})
+    kept = {
+        r: reasons.get(r, f"as at vLLM {p.old}")
+        for t in p.targets
+        for plat in m.platforms(t)
+        for r in _overrides_of(m, t, plat)
+    }
+    if kept or overrides:
+        p.release["release"].setdefault("overrides", {}).update({**kept, **(overrides or {})})
     standins = p.release.setdefault("standins", {})
     targets = p.release.setdefault("targets", {})
     for name in p.targets:
@@ -282,9 +290,14 @@ def _bases(p: Plan, m: Matrix, overrides: dict[str, str]) -> None:
                 "tag": bumped(s.tag, p.old, p.version, f"stand-in {key}'s tag"),
                 "stands_for": bumped(s.stands_for, p.old, p.version, f"stand-in {key}'s stands_for"),
                 "lock": str(new_lock),
-                **({"overrides": sorted(set(s.overrides) | set(overrides))} if overrides else {}),
+                **({"overrides": sorted(set(s.overrides) | set(overrides))} if s.overrides or overrides else {}),
             }
             p.changes.append((f"stand-in {key}", s.tag, standins[key]["tag"]))
+
+
+def _overrides_of(m: Matrix, name: str, platform: str) -> list[str]:
+    standin = m.standin(name, platform)
+    return standin.overrides if standin else []
 
 
 def _fixes(p: Plan, m: Matrix, metas: dict, drops: dict[str, str], accepts, log) -> None:
@@ -381,11 +394,10 @@ def _fixes(p: Plan, m: Matrix, metas: dict, drops: dict[str, str], accepts, log)
 
 
 HEADER = """\
-# vLLM {version}: the facts of targets.yaml bound to the vLLM release, at {version}. Written by
-# `python build.py bump` (gemma4_images/build/bump.py says where each comes from); `build.py ...
-# --vllm {version}` lays this file over targets.yaml (gemma4_images/spec/matrix.py release_overlay):
-# each key here replaces targets.yaml's (a target's base key by key), and only the targets listed
-# are built on {version}.
+# vLLM {version}: the facts bound to the vLLM release, at {version}. Written by `python build.py
+# bump` (gemma4_images/build/bump.py says where each comes from); `build.py ... --vllm {version}`
+# lays this file over targets.yaml (gemma4_images/spec/matrix.py release_overlay), which holds what
+# no release changes; only the targets listed are built on {version}.
 # `release` records how the file was made: the distributions read, the transformers requirement
 # and what each vLLM-level fix needed.
 """

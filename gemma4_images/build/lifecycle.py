@@ -67,12 +67,15 @@ def promote(family: str, version: str, source: str, root: Path = ROOT) -> list[s
 
 
 def retire(version: str, root: Path = ROOT) -> list[str]:
-    """Remove vLLM version's release: refused for targets.yaml's own release and for a family's default."""
+    """Remove vLLM version's release: refused for the first release and for a family's default."""
     _clean(root)
     targets_file, releases_dir = root / "targets.yaml", root / "releases"
     own = matrix_mod.load(targets_file, releases_dir=releases_dir)
-    if version == own.project.vllm_version:
-        raise BadInput(f"vLLM {version} is targets.yaml's own release: its facts are in targets.yaml itself")
+    if version == own.project.vllm_version:  # load() without a release is at the first one
+        raise BadInput(
+            f"vLLM {version} is the first release: bump starts from it, and its fixes are the pack's own "
+            "diffs (patches/<fix>/fix.diff), not ports"
+        )
     view = matrix_mod.load(targets_file, version, releases_dir)  # an unknown release: MatrixError, one line
     defaulted = sorted(f for f, d in own.defaults.items() if d.vllm == version)
     if defaulted:

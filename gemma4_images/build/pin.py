@@ -1,15 +1,18 @@
-"""`build.py pin`: record the registry digest of every base image in targets.yaml, so builds pull
-`image@digest` instead of floating with the tag; `--check` reports every tag whose digest moved.
+"""`build.py pin`: record the registry digest of every base image of every release (releases/
+vllm-V.yaml), so builds pull `image@digest` instead of floating with the tag; `--check` reports
+every tag whose digest moved.
 
-targets.yaml is edited as text, one `digest:` line per image, so its comments, anchors and layout
-stay as they are; the edited file is loaded again and must give exactly the new digests."""
+A release file is edited as text, one `digest:` line per image, so its comments and layout stay as
+they are; the edited file is read again and must give exactly the new digests."""
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+
+import yaml
 
 from gemma4_images.build import registry
 from gemma4_images.spec import matrix as matrix_mod
@@ -22,9 +25,10 @@ class PinError(Exception):
 
 @dataclass
 class Base:
-    image: str  # the tag as targets.yaml writes it
-    recorded: str | None  # the digest targets.yaml holds for it
+    image: str  # the tag as its release file writes it
+    recorded: str | None  # the digest the release file holds for it
     targets: list[str]  # whose base (or Gaudi stage 1) it is
+    where: str = field(default="its release file")  # the release file, relative to the checkout
 
 
 @dataclass
@@ -48,7 +52,7 @@ class Result:
         b = self.base
         text = {
             "ok": f"pinned at {b.recorded}",
-            "moved": f"targets.yaml has {b.recorded}, the registry now has {self.digest}",
+            "moved": f"{b.where} has {b.recorded}, the registry now has {self.digest}",
             "unpinned": f"not pinned; the registry has {self.digest}",
             "missing": "the registry has no such tag",
             "error": f"cannot resolve: {self.error}",
@@ -58,17 +62,17 @@ class Result:
         return f"{self.state.upper():<9} {b.image} ({', '.join(b.targets)}): {text}"
 
 
-def bases(matrix: matrix_mod.Matrix, names: list[str]) -> list[Base]:
-    """Every registry image the named targets build on, once each: their bases (each platform's:
-    `xeon6 linux/arm64`) and Gaudi's stage-1 image. A base that stage 1 builds here has no
-    registry digest to pin."""
+def bases(matrix: matrix_mod.Matrix, names: list[str], where: str = "its release file") -> list[Base]:
+    """Every registry image the named targets build on at matrix's release, once each: their bases
+    (each platform's: `xeon6 linux/arm64`) and Gaudi's stage-1 image. A base that stage 1 builds
+    here has no registry digest to pin."""
     found: dict[str, Base] = {}
     for name in names:
         t = matrix.targets[name]
         images = [(name, t.stage1)] if t.stage1 else [(name, t.base)]
         images += [(f"{name} {p}", img) for p, img in t.base.platforms.items()]
         for label, img in images:
-            entry = found.setdefault(img.image, Base(img.image, img.digest, []))
+            entry = found.setdefault(img.image, Base(img.image, img.digest, [], where))
             entry.targets.append(label)
     return list(found.values())
 
@@ -114,7 +118,8 @@ def disagreements(matrix: matrix_mod.Matrix, names: list[str], results: list[Res
 
 
 def write(path: Path, digests: dict[str, str], today: str | None = None) -> list[str]:
-    """Set the digest line under each `image: <tag>` line of path; returns the images changed."""
+    """Set the digest line under each `image: <tag>` line of path (a release file); returns the
+    images changed."""
     today = today or datetime.now(timezone.utc).strftime("%Y-%m-%d")
     lines = path.read_text().splitlines(keepends=True)
     changed = []
@@ -139,26 +144,30 @@ def write(path: Path, digests: dict[str, str], today: str | None = None) -> list
                 lines[at] = new
                 changed.append(image)
     text = "".join(lines)
-    # The edit must mean exactly what was asked: load it back before anything is written.
+    # The edit must mean exactly what was asked: read it back before anything is written.
+    held = _digests(yaml.safe_load(text) or {})
+    for image, digest in digests.items():
+        if held.get(image) != {digest}:
+            got = sorted(map(str, held.get(image, set())))
+            raise PinError(f"{path}: pinning {image} would give digests {got}; edit its digest lines by hand")
     tmp = path.with_name(f".{path.name}.pin")
-    tmp.write_text(text)
     try:
-        loaded = matrix_mod.load(tmp)
-        for image, digest in digests.items():
-            got = {
-                img.digest
-                for t in loaded.targets.values()
-                for img in (t.base, t.stage1, *t.base.platforms.values())
-                if img and img.image == image
-            }
-            if got != {digest}:
-                raise PinError(
-                    f"{path}: pinning {image} would give digests {sorted(map(str, got))}; edit its digest lines by hand"
-                )
+        tmp.write_text(text)
         tmp.replace(path)
     finally:
         tmp.unlink(missing_ok=True)
     return sorted(set(changed))
+
+
+def _digests(release: dict) -> dict[str, set]:
+    """image -> the digests a release file's targets give it (their bases, each platform's, stage 1)."""
+    held: dict[str, set] = {}
+    for t in (release.get("targets") or {}).values():
+        base = (t or {}).get("base") or {}
+        for img in (base, (t or {}).get("stage1"), *(base.get("platforms") or {}).values()):
+            if img and "image" in img:
+                held.setdefault(img["image"], set()).add(img.get("digest"))
+    return held
 
 
 def _sibling(lines: list[str], i: int, indent: int, key: str) -> int | None:

@@ -93,7 +93,7 @@ def release_target_name(matrix: Matrix, name: str) -> str:
 
 
 def render_bake(matrix: Matrix, others: list[Matrix]) -> str:
-    """One target per row of targets.yaml at its own release, then each row of each other release
+    """One target per row of targets.yaml at the first release, then each row of each other release
     (others) under its release's name and group; the default group (and each alias) builds every
     target at its family's default release (targets.yaml defaults)."""
     lines = HEADER.splitlines() + [""]

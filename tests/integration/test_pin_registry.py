@@ -1,5 +1,5 @@
 """`build.py pin` against a real registry on 127.0.0.1: it records the digest the registry has for
-a base's tag, keeps the rest of targets.yaml as it was, `--check` names a tag whose digest moved,
+a base's tag in its release file, keeps the rest of the file as it was, `--check` names a tag whose digest moved,
 and a build then pulls exactly the pinned image (and labels it with that digest).
 
 h100's base is published here as vLLM publishes it (targets.yaml's &vllm_release_images): an image
@@ -7,6 +7,7 @@ per architecture (`-x86_64-cu129`, `-aarch64-cu129`) joined in an index under th
 arm64 image is a FROM-scratch stand-in (nothing runs it here)."""
 
 import difflib
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -21,7 +22,8 @@ from gemma4_images.spec import facts, matrix
 from tests.cli import build_py
 
 pytestmark = pytest.mark.integration
-TAG = "vllm/vllm-openai:v0.30.0-cu129"  # h100's base; h200 shares it through a YAML anchor
+TAG = "vllm/vllm-openai:v0.30.0-cu129"  # h100's base, and h200's
+FIRST = f"releases/vllm-{matrix.releases()[0]}.yaml"  # where TAG is written
 AMD64_TAG = "vllm/vllm-openai:v0.30.0-x86_64-cu129"
 ARM64_TAG = "vllm/vllm-openai:v0.30.0-aarch64-cu129"  # h100's and h200's linux/arm64 base
 DOCKERFILE = """\
@@ -83,19 +85,27 @@ def publish_base(client, rootfs, host, inline_build, publish_arm64):
 
 @pytest.fixture(scope="module")
 def targets_file(host):
-    """targets.yaml with h100's base moved to the test registry (everything else as committed)."""
+    """targets.yaml and releases/ with h100's base moved to the test registry (everything else as
+    committed); the file pin edits is FIRST beside it."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "targets.yaml"
-        text = matrix.TARGETS_FILE.read_text()
+        shutil.copy(matrix.TARGETS_FILE, path)
+        shutil.copytree(matrix.RELEASES, Path(tmp) / "releases")
+        release = Path(tmp) / FIRST
+        text = release.read_text()
         for tag in (TAG, ARM64_TAG):
             text = text.replace(f"image: {tag}\n", f"image: {host}/{tag}\n")
-        path.write_text(text)
+        release.write_text(text)
         yield path
+
+
+def loaded(targets_file: Path) -> matrix.Matrix:
+    return matrix.load(targets_file, releases_dir=targets_file.parent / "releases")
 
 
 @pytest.fixture(scope="module")
 def pinned(publish_base, targets_file):
-    before = targets_file.read_text()
+    before = (targets_file.parent / FIRST).read_text()
     digest = publish_base("first")
     run = build_py("pin", "h100", "--file", str(targets_file))
     assert run.returncode == 0, run.stdout + run.stderr
@@ -108,17 +118,22 @@ def test_pin_records_the_registry_digest_and_nothing_else(host, targets_file, pi
     assert "MOVED     " in run.stdout and f"UNPINNED  {host}/{ARM64_TAG} (h100 linux/arm64)" in run.stdout
     assert "pinned 2 base(s)" in run.stdout  # the index under the plain tag, and the arm64 image's own tag
     changed = [
-        line for line in difflib.ndiff(before.splitlines(), targets_file.read_text().splitlines()) if line[:1] in "+-"
+        line
+        for line in difflib.ndiff(before.splitlines(), (targets_file.parent / FIRST).read_text().splitlines())
+        if line[:1] in "+-"
     ]
-    assert len(changed) == 4, changed  # two digest lines replaced, every comment kept
-    loaded = matrix.load(targets_file)
-    arm64 = loaded.targets["h100"].base.platforms["linux/arm64"].digest
-    assert changed[0].startswith("-       digest: sha256:58fdb6bb")
-    assert changed[1].startswith(f"+       digest: {digest}  # pinned by `build.py pin` from {host} on ")
-    assert changed[2] == "-           digest: null"
-    assert changed[3].startswith(f"+           digest: {arm64}  # pinned by `build.py pin` from {host} on ")
-    assert loaded.targets["h100"].base.digest == loaded.targets["h200"].base.digest == digest
-    assert loaded.targets["h200"].base.platforms["linux/arm64"].digest == arm64
+    # two digest lines replaced in h100's entry and the same two in h200's (the same tags), every comment kept
+    assert len(changed) == 8, changed
+    m = loaded(targets_file)
+    arm64 = m.targets["h100"].base.platforms["linux/arm64"].digest
+    for at in (0, 4):
+        assert changed[at].startswith("-       digest: sha256:58fdb6bb")
+        assert changed[at + 1].startswith(f"+       digest: {digest}  # pinned by `build.py pin` from {host} on ")
+        assert changed[at + 2] == "-           digest: null"
+        assert changed[at + 3].startswith(f"+           digest: {arm64}  # pinned by `build.py pin` from {host} on ")
+    assert m.targets["h100"].base.digest == m.targets["h200"].base.digest == digest
+    assert m.targets["h200"].base.platforms["linux/arm64"].digest == arm64
+    assert (targets_file.read_text()) == matrix.TARGETS_FILE.read_text()  # targets.yaml holds no digest
     check = build_py("pin", "h100", "--check", "--file", str(targets_file))
     assert check.returncode == 0, check.stderr
     lines = check.stdout.splitlines()
@@ -130,19 +145,19 @@ def test_pin_records_the_registry_digest_and_nothing_else(host, targets_file, pi
 
 def test_check_names_a_tag_whose_digest_moved_and_changes_nothing(publish_base, host, targets_file, pinned):
     _, first, _ = pinned
-    pinned_text = targets_file.read_text()
+    pinned_text = (targets_file.parent / FIRST).read_text()
     second = publish_base("second")
     assert second != first
     run = build_py("pin", "h100", "--check", "--file", str(targets_file))
     assert run.returncode == 1
-    assert f"MOVED     {host}/{TAG} (h100): targets.yaml has {first}, the registry now has {second}" in run.stdout
+    assert f"MOVED     {host}/{TAG} (h100): {FIRST} has {first}, the registry now has {second}" in run.stdout
     assert "1 of 2 bases are not pinned at the registry's digest (1 moved)" in run.stderr
-    assert targets_file.read_text() == pinned_text
+    assert (targets_file.parent / FIRST).read_text() == pinned_text
 
 
 def test_a_build_pulls_the_pinned_digest_and_labels_it(client, host, targets_file, pinned, publish_base):
     _, first, _ = pinned
-    m = matrix.load(targets_file)
+    m = loaded(targets_file)
     ref = m.targets["h100"].base.ref
     assert ref == f"{host}/{TAG}@{first}"
     for img in client.images.list(name=f"{host}/{TAG.split(':')[0]}"):
@@ -162,13 +177,12 @@ def test_a_build_pulls_the_pinned_digest_and_labels_it(client, host, targets_fil
 def test_check_names_a_platform_tag_that_the_index_does_not_name(publish_arm64, host, targets_file, pinned):
     """The vendor moves its arm64 tag but not the plain tag's index: a pull by the plain tag and the
     arm64 build's pull would get different images. (Last in this module: it moves the arm64 tag.)"""
-    first = matrix.load(targets_file).targets["h100"].base.platforms["linux/arm64"].digest
+    first = loaded(targets_file).targets["h100"].base.platforms["linux/arm64"].digest
     second = publish_arm64("arm64 second\n")
     run = build_py("pin", "h100", "--check", "--file", str(targets_file))
     assert run.returncode == 1
-    assert (
-        f"MOVED     {host}/{ARM64_TAG} (h100 linux/arm64): targets.yaml has {first}, the registry now has {second}"
-        in (run.stdout)
+    assert f"MOVED     {host}/{ARM64_TAG} (h100 linux/arm64): {FIRST} has {first}, the registry now has {second}" in (
+        run.stdout
     )
     assert f"MISMATCH  h100 linux/arm64: the index {host}/{TAG} names {first}, but {host}/{ARM64_TAG} has {second}" in (
         run.stdout

@@ -82,7 +82,7 @@ def test_retiring_a_release_removes_its_files_and_nothing_else(tree):
     "version, says",
     [
         (RETIRED, f"error: vLLM {RETIRED} is the default of "),  # the CUDA family's
-        (matrix.releases()[0], "is targets.yaml's own release"),
+        (matrix.releases()[0], "is the first release: bump starts from it"),
         ("0.31.0", "no vLLM 0.31.0 release here"),
     ],
 )

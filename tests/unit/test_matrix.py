@@ -1,6 +1,7 @@
 """targets.yaml: the real file loads, and every kind of mistake is named precisely."""
 
 import shlex
+import shutil
 
 import pytest
 import yaml
@@ -34,10 +35,21 @@ def raw():
     return yaml.safe_load(matrix.TARGETS_FILE.read_text())
 
 
-def load_raw(tmp_path, data):
+@pytest.fixture
+def first():
+    """The first release's file as data: where the facts bound to vLLM 0.30.0 are."""
+    return yaml.safe_load(matrix.release_file(matrix.releases()[0]).read_text())
+
+
+def load_raw(tmp_path, data, release: dict | None = None):
+    """targets.yaml as data, at the first release (release: that release's file as data instead)."""
     path = tmp_path / "targets.yaml"
     path.write_text(yaml.safe_dump(data))
-    return matrix.load(path)
+    if release is None:
+        return matrix.load(path)
+    shutil.copytree(matrix.RELEASES, tmp_path / "releases")
+    matrix.release_file(matrix.releases()[0], tmp_path / "releases").write_text(yaml.safe_dump(release))
+    return matrix.load(path, releases_dir=tmp_path / "releases")
 
 
 def test_every_recipe_target_is_present(real):
@@ -94,37 +106,37 @@ def test_recipe_launch_is_the_seed_text(real):
 @pytest.mark.parametrize(
     "mutate, expected",
     [
-        (lambda d: d["targets"]["h100"].update(bogus=1), "targets.h100.bogus: unknown key"),
-        (lambda d: d["targets"]["h100"]["base"].update(digest="sha256:xyz"), "targets.h100.base.digest"),
-        (lambda d: d["targets"]["h100"].update(family="quantum"), "targets.h100.family: unknown family 'quantum'"),
+        (lambda d, r: d["targets"]["h100"].update(bogus=1), "targets.h100.bogus: unknown key"),
+        (lambda d, r: r["targets"]["h100"]["base"].update(digest="sha256:xyz"), "targets.h100.base.digest"),
+        (lambda d, r: d["targets"]["h100"].update(family="quantum"), "targets.h100.family: unknown family 'quantum'"),
         (
-            lambda d: d["targets"]["h100"]["serve"].update(default_features=["telepathy"]),
+            lambda d, r: d["targets"]["h100"]["serve"].update(default_features=["telepathy"]),
             "targets.h100.serve.default_features",
         ),
-        (lambda d: d["targets"]["h100"].update(startup_budget_s="soon"), "targets.h100.startup_budget_s"),
-        (lambda d: d["targets"]["h100"].pop("run"), "targets.h100.run: Field required"),
-        (lambda d: d["targets"]["h100"]["run"].update(gpu="all"), "targets.h100.run.gpu: unknown key"),
-        (lambda d: d["targets"]["mi300x"].update(aliases=["h100"]), "'h100' is already a target name"),
+        (lambda d, r: d["targets"]["h100"].update(startup_budget_s="soon"), "targets.h100.startup_budget_s"),
+        (lambda d, r: d["targets"]["h100"].pop("run"), "targets.h100.run: Field required"),
+        (lambda d, r: d["targets"]["h100"]["run"].update(gpu="all"), "targets.h100.run.gpu: unknown key"),
+        (lambda d, r: d["targets"]["mi300x"].update(aliases=["h100"]), "'h100' is already a target name"),
         (
-            lambda d: d["targets"]["h100"]["fixes"].update(profile="v0.30.0"),  # an anchor: every vLLM target
-            "fixes.profile: 'v0.30.0' is for vllm-gaudi images, b200 is not a Gaudi target; "
+            lambda d, r: r["targets"]["h100"]["fixes"].update(profile="v0.30.0"),
+            "fixes.profile: 'v0.30.0' is for vllm-gaudi images, h100 is not a Gaudi target; "
             "use vllm-0.30.0 or vllm-0.32.0 or ",  # then every other plain-vLLM profile of patches/profiles/
         ),
         (
-            lambda d: d["targets"]["gaudi2"]["fixes"].update(profile="vllm-0.30.0"),
+            lambda d, r: r["targets"]["gaudi2"]["fixes"].update(profile="vllm-0.30.0"),
             "'vllm-0.30.0' is for plain vLLM images, gaudi2 is a Gaudi target; use v0.30.0",
         ),
-        (lambda d: d["targets"]["mi300x"].update(aliases=["all"]), "'all' is reserved (`build.py build all`"),
-        (lambda d: d["features"].pop("reasoning"), "features"),
-        (lambda d: d["project"].update(vllm_verison="0.30.0"), "project.vllm_verison: unknown key"),
+        (lambda d, r: d["targets"]["mi300x"].update(aliases=["all"]), "'all' is reserved (`build.py build all`"),
+        (lambda d, r: d["features"].pop("reasoning"), "features"),
+        (lambda d, r: r["project"].update(vllm_verison="0.30.0"), "project.vllm_verison: unknown key"),
         # env is the family's (rendered into its Dockerfile): a target cannot set its own.
-        (lambda d: d["targets"]["h200"].update(env={"X": "1"}), "targets.h200.env: unknown key"),
+        (lambda d, r: d["targets"]["h200"].update(env={"X": "1"}), "targets.h200.env: unknown key"),
     ],
 )
-def test_schema_errors_name_the_field(tmp_path, raw, mutate, expected):
-    mutate(raw)
+def test_schema_errors_name_the_field(tmp_path, raw, first, mutate, expected):
+    mutate(raw, first)
     with pytest.raises(MatrixError) as e:
-        load_raw(tmp_path, raw)
+        load_raw(tmp_path, raw, first)
     assert expected in str(e.value)
 
 
@@ -155,26 +167,28 @@ def test_a_key_given_twice_is_refused_with_both_lines(tmp_path, edit, key):
 
 
 @pytest.mark.parametrize(
-    "old, new, key, name",
+    "file, old, new, key, name",
     [
         (
-            "opt_in: [gemma4-required-tool-grammar, gemma4-buffered-tool-args, gemma4-fast-prefill]",
-            "opt_in: [gemma4-required-tool-grammar, gemma4-fast-prefill, gemma4-buffered-tool-args,"
-            " gemma4-fast-prefill]",
+            "releases/vllm-0.30.0.yaml",
+            "      - gemma4-fast-prefill\n",
+            "      - gemma4-fast-prefill\n      - gemma4-buffered-tool-args\n",
             "opt_in",
-            "gemma4-fast-prefill",
+            "gemma4-buffered-tool-args",
         ),
-        ("aliases: [cpu]", "aliases:\n      - cpu\n      - cpu", "aliases", "cpu"),
+        ("targets.yaml", "aliases: [cpu]", "aliases:\n      - cpu\n      - cpu", "aliases", "cpu"),
     ],
-    ids=["opt_in", "aliases-block"],
+    ids=["opt_in-block", "aliases-block"],
 )
-def test_a_name_listed_twice_is_refused_with_both_positions(tmp_path, old, new, key, name):
-    path = tmp_path / "targets.yaml"
-    text = matrix.TARGETS_FILE.read_text()
+def test_a_name_listed_twice_is_refused_with_both_positions(tmp_path, file, old, new, key, name):
+    shutil.copy(matrix.TARGETS_FILE, tmp_path / "targets.yaml")
+    shutil.copytree(matrix.RELEASES, tmp_path / "releases")
+    path = tmp_path / file
+    text = path.read_text()
     assert text.count(old) == 1
     path.write_text(text.replace(old, new))
     with pytest.raises(MatrixError) as e:
-        matrix.load(path)
+        matrix.load(tmp_path / "targets.yaml", releases_dir=tmp_path / "releases")
     message = str(e.value)
     assert f"{key} names {name!r} twice (line " in message and "\n" not in message, message
     lines = path.read_text().splitlines()

