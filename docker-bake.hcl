@@ -89,7 +89,7 @@ target "gemma4-e2b-gaudi2" {
   tags = ["gemma4-e2b:gaudi2-v0.30.0"]
   args = {
     BASE_IMAGE           = "gemma4-e2b-base/vllm-gaudi:v0.30.0-058f107"
-    GEMMA4_FIXES_PROFILE = "v0.30.0"
+    GEMMA4_FIXES_PROFILE = "vllm-gaudi-0.30.0"
     GEMMA4_FIXES_OPT_IN  = "gemma4-required-tool-grammar gemma4-buffered-tool-args gemma4-fast-prefill"
     GEMMA4_AUDIO_EXTRAS  = ""
     GEMMA4_WHEELS_URL    = ""

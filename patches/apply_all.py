@@ -47,7 +47,7 @@ FIX_KEYS = {
 }
 OPTIONAL_FIX_KEYS = tuple(k for k in FIX_KEYS if k not in REQUIRED_FIX_KEYS)
 PORT_KEYS = {"written_against": str, "verified": str, "pre_sha256": dict}
-PROFILE_KEYS = {"name": str, "description": str, "requires": dict, "generic": list, "opt_in": list}
+PROFILE_KEYS = {"name": str, "description": str, "requires": dict, "generic": list, "opt_in": list, "aliases": list}
 LABELS = {"vllm": "vllm", "vllm_gaudi": "vllm_gaudi", "gaudi_sw": "Gaudi SW"}  # keys of "requires"
 HUNK_RE = re.compile(r"@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 
@@ -372,13 +372,18 @@ def distinct_names(value):
 
 
 def load_profile(pack, name):
+    """The profile called name, or whose `aliases` hold name (an older name a recipe still runs)."""
     path = os.path.join(pack, "profiles", name + ".json")
     if not os.path.isfile(path):
-        known = sorted(os.path.basename(f)[:-5] for f in glob.glob(os.path.join(pack, "profiles", "*.json")))
-        raise UsageError(f"unknown profile '{name}'; profiles in {pack}: {', '.join(known) or 'none'}")
+        found = sorted(glob.glob(os.path.join(pack, "profiles", "*.json")))
+        aliased = [f for f in found if name in (load_json(f, f"profile {f}").get("aliases") or [])]
+        if not aliased:
+            known = [os.path.basename(f)[:-5] for f in found]
+            raise UsageError(f"unknown profile '{name}'; profiles in {pack}: {', '.join(known) or 'none'}")
+        path, name = aliased[0], os.path.basename(aliased[0])[:-5]
     what = f"profile {name}"
     prof = load_json(path, what)
-    check_keys(prof, PROFILE_KEYS, what)
+    check_keys(prof, PROFILE_KEYS, what, optional=("aliases",))
     if prof["name"] != name:
         raise Failure(f"{what}: key 'name' is '{prof['name']}', expected '{name}' (the file name)")
     if not distinct_names(prof["generic"] + prof["opt_in"]):

@@ -4,7 +4,7 @@
 #   scripts/check-fixes.sh [--allow-skips] [--hunk-coverage [--record]] VLLM_GAUDI_SRC
 #
 # 1. copies the files the vllm_gaudi fixes touch from the checkout to a temporary tree;
-# 2. applies every vllm_gaudi fix of profile v0.30.0 present in patches/, in pack order,
+# 2. applies every vllm_gaudi fix of profile vllm-gaudi-0.30.0 present in patches/, in pack order,
 #    with the pack's own applier (patches/apply_all.py): each hunk must match exactly at
 #    its stated line (fuzz 0, no offset); reports whether each file is the one the fix was
 #    written against (pre_sha256);
@@ -51,7 +51,7 @@ spec = importlib.util.spec_from_file_location("apply_all", os.path.join(pack, "a
 aa = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(aa)
 
-prof = aa.load_profile(pack, "v0.30.0")
+prof = aa.load_profile(pack, "vllm-gaudi-0.30.0")
 fixes = []
 for name in prof["generic"] + prof["opt_in"]:
     if not os.path.isfile(os.path.join(pack, name, "fix.json")):

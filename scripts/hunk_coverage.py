@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.join(REPO, "tests"))
 import fix_tests  # noqa: E402  (tests/fix_tests.py: the one pytest command of the fix tests)
 
 PACK = os.path.join(REPO, "patches")
-PROFILE = "v0.30.0"
+PROFILE = "vllm-gaudi-0.30.0"
 
 
 def load_applier():

@@ -147,7 +147,7 @@ def find_originals(wanted, bases, archives, tree=None, commits=()):
     return found
 
 
-def upstream_files(pack=PACK, profile="v0.30.0", archives=ARCHIVES):
+def upstream_files(pack=PACK, profile="vllm-gaudi-0.30.0", archives=ARCHIVES):
     """{path: bytes}: the upstream files the pack's vllm_gaudi fixes were written against,
     found in the snapshot archives by their pre_sha256 (for a stand-in vllm-gaudi made of them)."""
     _, _, wanted = load_pack(pack, profile)
@@ -687,7 +687,7 @@ def main(argv=None):
         help="also copy the ported fix files into --pack, if every fix ports and its tests pass",
     )
     parser.add_argument("--pack", default=PACK, help="the pack to port (default: patches/)")
-    parser.add_argument("--profile", default="v0.30.0", help="its profile (default v0.30.0)")
+    parser.add_argument("--profile", default="vllm-gaudi-0.30.0", help="its profile (default vllm-gaudi-0.30.0)")
     parser.add_argument(
         "--base",
         action="append",

@@ -29,7 +29,7 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACK = os.environ.get("GEMMA4_FIXES_PACK") or os.path.join(REPO, "patches")
-PROFILE = "v0.30.0"
+PROFILE = "vllm-gaudi-0.30.0"
 
 
 def load_applier():

@@ -396,8 +396,7 @@ class Matrix(Strict):
                         f"targets.{name}.fixes.profile: no profile {t.fixes.profile!r} in "
                         f"patches/profiles/; known: {', '.join(p.stem for p in PROFILES.glob('*.json'))}"
                     )
-                # The two profiles' names look alike (v0.30.0 is the recipe's, vllm-0.30.0 ours):
-                # a Gaudi image needs the one that requires vllm_gaudi, any other image the other.
+                # A Gaudi image needs a profile that requires vllm_gaudi, any other image one that does not.
                 gaudi = self.families[t.family].accelerator == "habana"
                 if gaudi != ("vllm_gaudi" in profile["requires"]):
                     fits = [

@@ -86,7 +86,7 @@ def lines(path):
 def decide(aa, pack, tree, force=False, names=None):
     """The applier's plan (the decision apply_all.py and check-fixes.sh both make) for the pack's
     vllm_gaudi fixes (only those named, if names), in pack order, on tree."""
-    prof = aa.load_profile(str(pack), "v0.30.0")
+    prof = aa.load_profile(str(pack), "vllm-gaudi-0.30.0")
     fixes = [
         aa.load_fix(str(pack), n, n in prof["opt_in"])
         for n in prof["generic"] + prof["opt_in"]
@@ -123,7 +123,7 @@ def assert_exact(aa, pack, tree, names=None):
 
 def without(pack, name):
     """The pack's profile no longer names fix `name` (a ported pack lacking it, made usable)."""
-    path = pack / "profiles" / "v0.30.0.json"
+    path = pack / "profiles" / "vllm-gaudi-0.30.0.json"
     prof = json.loads(path.read_text())
     prof["generic"], prof["opt_in"] = ([n for n in prof[k] if n != name] for k in ("generic", "opt_in"))
     path.write_text(json.dumps(prof))

@@ -19,7 +19,7 @@ from gemma4_images.spec.modules import load_file
 
 PATCHES = Path(__file__).resolve().parents[2] / "patches"
 APPLY = PATCHES / "apply_all.py"
-REAL_V030 = json.loads((PATCHES / "profiles" / "v0.30.0.json").read_text())
+REAL_V030 = json.loads((PATCHES / "profiles" / "vllm-gaudi-0.30.0.json").read_text())
 
 VERSION_PY = """\
 __version__ = version = {version!r}
@@ -425,9 +425,23 @@ def test_list_prints_kind_package_and_why(env):
     assert out[4].split() == ["opt-in", "vllm_gaudi", "opt-b", "test", "fix", "opt-b"]
 
 
+def test_recipe_000s_profile_name_loads_the_renamed_gaudi_profile():
+    # 000 runs `apply_all.py --profile v0.30.0`; the profile is vllm-gaudi-0.30.0 now, v0.30.0 its alias.
+    module = load_module()
+    assert module.load_profile(str(PATCHES), "v0.30.0")["name"] == "vllm-gaudi-0.30.0"
+    run = subprocess.run(
+        [sys.executable, str(PATCHES / "apply_all.py"), "--profile", "v0.30.0", "--list"],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0 and run.stdout.startswith("profile vllm-gaudi-0.30.0: Gaudi image"), run.stderr
+    with pytest.raises(module.UsageError, match="unknown profile 'v0.29.0'; profiles in .*vllm-gaudi-0.30.0"):
+        module.load_profile(str(PATCHES), "v0.29.0")
+
+
 def test_real_profiles_match_the_recipe(env):
     module = load_module()
-    gaudi = module.load_profile(str(PATCHES), "v0.30.0")
+    gaudi = module.load_profile(str(PATCHES), "vllm-gaudi-0.30.0")
     assert gaudi["requires"] == {
         "vllm": {"version": "0.30.0", "commit": "ced6857a"},
         "vllm_gaudi": {"version": "0.30.0", "commit": "058f107"},

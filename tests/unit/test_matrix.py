@@ -118,13 +118,13 @@ def test_recipe_launch_is_the_seed_text(real):
         (lambda d, r: d["targets"]["h100"]["run"].update(gpu="all"), "targets.h100.run.gpu: unknown key"),
         (lambda d, r: d["targets"]["mi300x"].update(aliases=["h100"]), "'h100' is already a target name"),
         (
-            lambda d, r: r["targets"]["h100"]["fixes"].update(profile="v0.30.0"),
-            "fixes.profile: 'v0.30.0' is for vllm-gaudi images, h100 is not a Gaudi target; "
+            lambda d, r: r["targets"]["h100"]["fixes"].update(profile="vllm-gaudi-0.30.0"),
+            "fixes.profile: 'vllm-gaudi-0.30.0' is for vllm-gaudi images, h100 is not a Gaudi target; "
             "use vllm-0.30.0 or vllm-0.32.0 or ",  # then every other plain-vLLM profile of patches/profiles/
         ),
         (
             lambda d, r: r["targets"]["gaudi2"]["fixes"].update(profile="vllm-0.30.0"),
-            "'vllm-0.30.0' is for plain vLLM images, gaudi2 is a Gaudi target; use v0.30.0",
+            "'vllm-0.30.0' is for plain vLLM images, gaudi2 is a Gaudi target; use vllm-gaudi-0.30.0",
         ),
         (lambda d, r: d["targets"]["mi300x"].update(aliases=["all"]), "'all' is reserved (`build.py build all`"),
         (lambda d, r: d["features"].pop("reasoning"), "features"),

@@ -45,10 +45,10 @@ class Porting:
             ("fix-three", {Y: (UPSTREAM[Y], edit(UPSTREAM[Y], "y_5 = 5\n", "y_5 = 50\n"))}),
         ]
         (self.pack / "profiles").mkdir(parents=True)
-        (self.pack / "profiles" / "v0.30.0.json").write_text(
+        (self.pack / "profiles" / "vllm-gaudi-0.30.0.json").write_text(
             json.dumps(
                 {
-                    "name": "v0.30.0",
+                    "name": "vllm-gaudi-0.30.0",
                     "description": "test",
                     "requires": {"vllm_gaudi": {"version": "0.30.0"}},
                     "generic": [n for n, _ in self.fixes],
@@ -108,7 +108,7 @@ class Porting:
         """The new tree's files with pack applied by the applier in pack order (only the fixes
         named, if names): (files, report)."""
         aa = load_port().aa
-        prof = aa.load_profile(str(pack), "v0.30.0")
+        prof = aa.load_profile(str(pack), "vllm-gaudi-0.30.0")
         fixes = [aa.load_fix(str(pack), n, False) for n in prof["generic"] if names is None or n in names]
         tree, report, _ = aa.plan(fixes, str(self.new))
         return {p: "".join(lines) for p, lines in tree.items()}, report
@@ -204,7 +204,7 @@ def test_overlapping_change_is_a_conflict_with_its_lines_and_blocks_later_fixes(
             sys.executable,
             str(REPO / "patches" / "apply_all.py"),
             "--profile",
-            "v0.30.0",
+            "vllm-gaudi-0.30.0",
             "--pack",
             str(porting.out),
             "--list",

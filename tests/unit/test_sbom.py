@@ -129,7 +129,7 @@ def test_dpkg_status_agrees_with_dpkg_query_on_this_host():
 def test_every_fix_names_the_upstream_commit_its_profile_requires():
     """The commit read out of written_against is the one the profiles pin for that package (vllm
     ced6857a), or vllm-gaudi's main 091bbadd that patches/README.md says the diffs were made on."""
-    pinned = json.loads((PATCHES / "profiles" / "v0.30.0.json").read_text())["requires"]
+    pinned = json.loads((PATCHES / "profiles" / "vllm-gaudi-0.30.0.json").read_text())["requires"]
     for fix_json in sorted(PATCHES.glob("*/fix.json")):
         fix = json.loads(fix_json.read_text())
         commit = sbom.upstream_commit(fix["written_against"])
