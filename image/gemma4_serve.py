@@ -746,7 +746,7 @@ def self_check(recipe: dict, probes: bool = True, seed: str | None = None, user_
     elif found[1].split("+")[0] != want:
         problems.append(
             f"base image has {found[0]} {found[1]}, the recipe pins vLLM {want}: "
-            "use a base with that version or change vllm_version in targets.yaml"
+            f"use a base with that version, or build with --vllm {found[1].split('+')[0]} if releases/ has that release"
         )
     if shutil.which(recipe["command"][0]) is None:
         problems.append(f"{recipe['command'][0]!r} is not on PATH")

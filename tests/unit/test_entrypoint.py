@@ -116,6 +116,15 @@ def test_self_check_reports_missing_files_and_vllm(m, tmp_path, monkeypatch):
     assert not any("jinja" in p for p in serve.self_check(m.recipe("h100")))
 
 
+def test_self_check_names_the_release_a_base_of_another_vllm_is(m, monkeypatch):
+    monkeypatch.setattr(serve, "installed_vllm", lambda: ("vllm", "0.32.0+cu130"))
+    (line,) = [p for p in serve.self_check(m.recipe("h100"), probes=False) if "base image has" in p]
+    assert line == (
+        f"base image has vllm 0.32.0+cu130, the recipe pins vLLM {m.project.vllm_version}: use a base with that "
+        "version, or build with --vllm 0.32.0 if releases/ has that release"
+    )
+
+
 def test_flag_value_forms():
     assert serve.flag_value(["--port", "1", "--port=2"], "--port") == "2"
     assert serve.flag_value(["--port", "9"], "--port") == "9"
