@@ -426,13 +426,16 @@ def build(
     show_default="targets.yaml",
     help="The targets file to read; the release files of the releases/ folder beside it are edited.",
 )
-def pin_cmd(targets, check, path):
+@click.option("--vllm", "release", metavar="VERSION", help="Only this release's bases (default: every release's).")
+def pin_cmd(targets, check, path, release):
     """Record each base image's registry digest in its release file (TARGETS, default all, at every
     release that builds them; Gaudi's stage-1 image for gaudi2), keeping comments and layout;
     builds then pull image@digest."""
     releases_dir = path.parent / "releases"
     # TARGETS are names in --file, which may not be targets.yaml: resolved here, not by TargetName.
     views = matrix_mod.views(path, releases_dir)
+    if release is not None:
+        views = {release: matrix_mod.load(path, release, releases_dir)}  # an unknown one: one line, exit 2
     asked = _targets_at_any_release(views, targets)
     plans = []  # (release file, its bases)
     for version, view in views.items():

@@ -23,7 +23,8 @@ from tests.cli import build_py
 
 pytestmark = pytest.mark.integration
 TAG = "vllm/vllm-openai:v0.30.0-cu129"  # h100's base, and h200's
-FIRST = f"releases/vllm-{matrix.releases()[0]}.yaml"  # where TAG is written
+FIRST_RELEASE = matrix.releases()[0]
+FIRST = f"releases/vllm-{FIRST_RELEASE}.yaml"  # where TAG is written; the other releases' bases are not asked for
 AMD64_TAG = "vllm/vllm-openai:v0.30.0-x86_64-cu129"
 ARM64_TAG = "vllm/vllm-openai:v0.30.0-aarch64-cu129"  # h100's and h200's linux/arm64 base
 DOCKERFILE = """\
@@ -107,7 +108,7 @@ def loaded(targets_file: Path) -> matrix.Matrix:
 def pinned(publish_base, targets_file):
     before = (targets_file.parent / FIRST).read_text()
     digest = publish_base("first")
-    run = build_py("pin", "h100", "--file", str(targets_file))
+    run = build_py("pin", "h100", "--vllm", FIRST_RELEASE, "--file", str(targets_file))
     assert run.returncode == 0, run.stdout + run.stderr
     return before, digest, run
 
@@ -134,7 +135,7 @@ def test_pin_records_the_registry_digest_and_nothing_else(host, targets_file, pi
     assert m.targets["h100"].base.digest == m.targets["h200"].base.digest == digest
     assert m.targets["h200"].base.platforms["linux/arm64"].digest == arm64
     assert (targets_file.read_text()) == matrix.TARGETS_FILE.read_text()  # targets.yaml holds no digest
-    check = build_py("pin", "h100", "--check", "--file", str(targets_file))
+    check = build_py("pin", "h100", "--vllm", FIRST_RELEASE, "--check", "--file", str(targets_file))
     assert check.returncode == 0, check.stderr
     lines = check.stdout.splitlines()
     # What the index names for each platform is shown; its arm64 entry is the arm64 tag's image.
@@ -148,7 +149,7 @@ def test_check_names_a_tag_whose_digest_moved_and_changes_nothing(publish_base, 
     pinned_text = (targets_file.parent / FIRST).read_text()
     second = publish_base("second")
     assert second != first
-    run = build_py("pin", "h100", "--check", "--file", str(targets_file))
+    run = build_py("pin", "h100", "--vllm", FIRST_RELEASE, "--check", "--file", str(targets_file))
     assert run.returncode == 1
     assert f"MOVED     {host}/{TAG} (h100): {FIRST} has {first}, the registry now has {second}" in run.stdout
     assert "1 of 2 bases are not pinned at the registry's digest (1 moved)" in run.stderr
@@ -179,7 +180,7 @@ def test_check_names_a_platform_tag_that_the_index_does_not_name(publish_arm64, 
     arm64 build's pull would get different images. (Last in this module: it moves the arm64 tag.)"""
     first = loaded(targets_file).targets["h100"].base.platforms["linux/arm64"].digest
     second = publish_arm64("arm64 second\n")
-    run = build_py("pin", "h100", "--check", "--file", str(targets_file))
+    run = build_py("pin", "h100", "--vllm", FIRST_RELEASE, "--check", "--file", str(targets_file))
     assert run.returncode == 1
     assert f"MOVED     {host}/{ARM64_TAG} (h100 linux/arm64): {FIRST} has {first}, the registry now has {second}" in (
         run.stdout
