@@ -439,7 +439,7 @@ def pin_cmd(targets, check, path, release):
     asked = _targets_at_any_release(views, targets)
     plans = []  # (release file, its bases)
     for version, view in views.items():
-        names = every_target(view, [n for n in asked if n in view.targets]) if asked else list(view.targets)
+        names = [n for n in asked if n in view.targets] if asked else list(view.targets)
         if names:
             where = matrix_mod.release_file(version, releases_dir)
             plans.append((where, view, names, pin.bases(view, names, f"releases/{where.name}")))

@@ -688,11 +688,11 @@ def capability_problems(recipe: dict, results: dict) -> list[str]:
                 "use a base whose transformers has Gemma4ForConditionalGeneration (5.x)",
                 "model_info": f"{target}: vLLM in the base cannot load the model class for "
                 f"{recipe['architecture']} ({error}); use a base whose vLLM serves Gemma 4 "
-                f"(vllm_version in targets.yaml)",
+                f"(build with --vllm for a release of releases/ that does)",
                 "image": f"{target}: the base cannot decode images with vLLM's loader ({error}); build on a "
                 f"base that can, or add text_only to {target}'s serve.default_features in targets.yaml",
                 "audio": f"{target}: the base cannot decode and resample audio with vLLM's loader ({error}); "
-                f"the audio extras must install (audio_extras in targets.yaml), or list audio under "
+                f"the audio extras must install (audio_extras in the release file), or list audio under "
                 f"{target}'s serve.unsupported_modalities to build an image whose launch refuses audio",
                 "tool_parser": f"{target}: vLLM in the base has no tool-call parser {arg!r} ({error}); the "
                 f"tool_calling feature needs it: use a base that has it, or list tool_calling "

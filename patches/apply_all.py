@@ -376,10 +376,13 @@ def load_profile(pack, name):
     path = os.path.join(pack, "profiles", name + ".json")
     if not os.path.isfile(path):
         found = sorted(glob.glob(os.path.join(pack, "profiles", "*.json")))
-        aliased = [f for f in found if name in (load_json(f, f"profile {f}").get("aliases") or [])]
+        aliased = [f for f in found if name in _aliases(f)]
         if not aliased:
             known = [os.path.basename(f)[:-5] for f in found]
             raise UsageError(f"unknown profile '{name}'; profiles in {pack}: {', '.join(known) or 'none'}")
+        if len(aliased) > 1:
+            names = ", ".join(os.path.basename(f)[:-5] for f in aliased)
+            raise Failure(f"profiles {names} all give '{name}' as an alias: keep it on one")
         path, name = aliased[0], os.path.basename(aliased[0])[:-5]
     what = f"profile {name}"
     prof = load_json(path, what)
@@ -394,6 +397,13 @@ def load_profile(pack, name):
         types = {"version": str} if pkg == "gaudi_sw" else {"version": str, "commit": str}
         check_keys(req, types, f"{what}: requires.{pkg}", optional=("commit",))
     return prof
+
+
+def _aliases(path):
+    """A profile file's `aliases` (a list of names; anything else gives none: load_profile checks it)."""
+    data = load_json(path, f"profile {os.path.basename(path)[:-5]}")
+    aliases = data.get("aliases") if isinstance(data, dict) else None
+    return [a for a in aliases if isinstance(a, str)] if isinstance(aliases, list) else []
 
 
 def load_fix(pack, name, opt_in, profile=None):

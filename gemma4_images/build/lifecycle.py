@@ -83,14 +83,14 @@ def retire(version: str, root: Path = ROOT) -> list[str]:
             f"vLLM {version} is the default of {', '.join(defaulted)}: promote another release first "
             f"(`python build.py promote {defaulted[0]} --vllm V --source WHY`)"
         )
-    profiles = sorted({t.fixes.profile for t in view.targets.values() if t.fixes.profile})
+    profiles = sorted({t.fixes.profile for t in view.targets.values() if t.fixes})
     others = [
         matrix_mod.load(targets_file, v, releases_dir)
         for v in matrix_mod.releases(targets_file, releases_dir)
         if v != version
     ]
     for other in others:
-        shared = {t.fixes.profile for t in other.targets.values()} & set(profiles)
+        shared = {t.fixes.profile for t in other.targets.values() if t.fixes} & set(profiles)
         if shared:
             raise BadInput(
                 f"vLLM {other.project.vllm_version} uses profile(s) {', '.join(sorted(shared))} too: not retired"

