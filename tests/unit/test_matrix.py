@@ -8,6 +8,7 @@ import yaml
 
 from gemma4_images.spec import matrix
 from gemma4_images.spec.matrix import MatrixError
+from tests import release_files
 
 ALL_TARGETS = {
     "gaudi2",
@@ -37,8 +38,7 @@ def raw():
 
 @pytest.fixture
 def first():
-    """The first release's file as data: where the facts bound to vLLM 0.30.0 are."""
-    return yaml.safe_load(matrix.release_file(matrix.releases()[0]).read_text())
+    return release_files.first_release_data()
 
 
 def load_raw(tmp_path, data, release: dict | None = None):
@@ -47,9 +47,7 @@ def load_raw(tmp_path, data, release: dict | None = None):
     path.write_text(yaml.safe_dump(data))
     if release is None:
         return matrix.load(path)
-    shutil.copytree(matrix.RELEASES, tmp_path / "releases")
-    matrix.release_file(matrix.releases()[0], tmp_path / "releases").write_text(yaml.safe_dump(release))
-    return matrix.load(path, releases_dir=tmp_path / "releases")
+    return matrix.load(path, releases_dir=release_files.copied(tmp_path / "releases", release))
 
 
 def test_every_recipe_target_is_present(real):

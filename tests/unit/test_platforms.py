@@ -2,7 +2,6 @@
 platform, the tags and stand-ins each one gets, and the one-line refusals (an unknown or unsupported
 platform, a host that cannot emulate it) before anything is built or tagged."""
 
-import shutil
 import sys
 
 import pytest
@@ -10,6 +9,7 @@ import yaml
 
 from gemma4_images.build import docker_build, emulation, wheels
 from gemma4_images.spec import matrix, platforms
+from tests import release_files
 from tests.cli import build_py as cli
 
 M = matrix.load()
@@ -73,14 +73,12 @@ def test_an_unknown_or_unsupported_platform_is_one_line():
 def _load_with(tmp_path, edit):
     """edit(targets.yaml's data, the first release's) applied, in a copy of both."""
     data = yaml.safe_load(matrix.TARGETS_FILE.read_text())
-    first = matrix.release_file(matrix.releases()[0])
-    release = yaml.safe_load(first.read_text())
+    release = release_files.first_release_data()
     edit(data, release)
     path = tmp_path / "targets.yaml"
     path.write_text(yaml.safe_dump(data))
-    shutil.copytree(matrix.RELEASES, tmp_path / "releases")
-    (tmp_path / "releases" / first.name).write_text(yaml.safe_dump(release))
-    return lambda: matrix.load(path, releases_dir=tmp_path / "releases")
+    releases = release_files.copied(tmp_path / "releases", release)
+    return lambda: matrix.load(path, releases_dir=releases)
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ import yaml
 from gemma4_images.publish import reports
 from gemma4_images.spec import matrix
 from gemma4_images.spec.matrix import ROOT, MatrixError
+from tests import release_files
 from tests.cli import build_py
 
 OWN = matrix.load().project.vllm_version
@@ -101,8 +102,7 @@ def release_099(**given) -> dict:
 
 def with_releases(tmp_path, release: dict):
     """The committed releases/ and release as vllm-0.99.0.yaml, in tmp_path; returns its path."""
-    for committed in matrix.RELEASES.glob("vllm-*.yaml"):
-        shutil.copy(committed, tmp_path)
+    release_files.copied(tmp_path)
     path = tmp_path / "vllm-0.99.0.yaml"
     path.write_text(yaml.safe_dump(release))
     return path
@@ -171,11 +171,10 @@ def test_a_release_file_carries_its_own_version_and_each_targets_base(tmp_path, 
     ],
 )
 def test_the_first_release_builds_every_target_and_gaudi_its_stage_1(tmp_path, edit, says):
-    shutil.copytree(matrix.RELEASES, tmp_path, dirs_exist_ok=True)
-    first = matrix.release_file(matrix.releases()[0], tmp_path)
-    data = yaml.safe_load(first.read_text())
+    data = release_files.first_release_data()
     edit(data)
-    first.write_text(yaml.safe_dump(data))
+    release_files.copied(tmp_path, data)
+    first = matrix.release_file(matrix.releases()[0], tmp_path)
     with pytest.raises(MatrixError) as e:
         matrix.load(releases_dir=tmp_path)
     assert str(e.value).startswith(f"{first}: {says}") and "\n" not in str(e.value)
