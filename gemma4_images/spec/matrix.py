@@ -791,6 +791,7 @@ def load(path: Path = TARGETS_FILE, vllm: str | None = None, releases_dir: Path 
 def _check_defaults(m: Matrix, path: Path, known: list[str], releases_dir: Path, family_of: dict) -> None:
     """Every family has a default release, and that release builds every target of the family
     (family_of: each target of targets.yaml, built at m's release or not, -> its family)."""
+    built: dict[str, set] = {}
     for family in m.families:
         if family not in m.defaults:
             raise MatrixError(
@@ -804,8 +805,10 @@ def _check_defaults(m: Matrix, path: Path, known: list[str], releases_dir: Path,
                 f"{path}: defaults.{family}.vllm: no vLLM {default.vllm} release here (known: {', '.join(known)}); "
                 f"add one with `python build.py bump {family} --vllm {default.vllm}`"
             )
-        built = (_read(release_file(default.vllm, releases_dir), "the release's facts").get("targets") or {}).keys()
-        lacking = [n for n, f in family_of.items() if f == family and n not in built]
+        if default.vllm not in built:  # each release file read once, however many families name it
+            rel = _read(release_file(default.vllm, releases_dir), "the release's facts")
+            built[default.vllm] = set(rel.get("targets") or {})
+        lacking = [n for n, f in family_of.items() if f == family and n not in built[default.vllm]]
         if lacking:
             raise MatrixError(
                 f"{path}: defaults.{family}.vllm: vLLM {default.vllm} does not build {', '.join(lacking)}; "
