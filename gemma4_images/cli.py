@@ -32,7 +32,7 @@ from gemma4_images.build.tokenizer_copy import TokenizerError
 from gemma4_images.check import image_contents, running
 from gemma4_images.generate import k8s as k8s_mod
 from gemma4_images.generate import readme, render
-from gemma4_images.publish import cosign, model_image, publish, reports, sbom, signing
+from gemma4_images.publish import cosign, model_image, publish, reports, sbom
 from gemma4_images.spec import matrix as matrix_mod
 from gemma4_images.spec import platforms, upstream
 from gemma4_images.spec.image_code import gemma4_serve
@@ -49,7 +49,6 @@ EXPECTED = (
     wheels.WheelsError,
     publish.PushError,
     pin.PinError,
-    signing.SigningError,
     cosign.CosignError,
     registry_api.RegistryError,
     image_contents.ImageError,
@@ -669,24 +668,6 @@ def smoke(target, image, model, tiny, report, platform):
 @click.option("--skip-smoke", is_flag=True, help="Push without a passing smoke report (loudly).")
 @click.option("--allow-dirty", is_flag=True, help="Push an image built from uncommitted changes.")
 @click.option(
-    "--sign-by",
-    envvar="GEMMA4_SIGN_BY",
-    metavar="KEY",
-    help="Sign every pushed tag with this GnuPG key (from GNUPGHOME); env GEMMA4_SIGN_BY.",
-)
-@click.option(
-    "--signatures",
-    type=click.Path(file_okay=False),
-    help="Lookaside directory the signatures are written to (serve it to the pipelines that verify; "
-    "default the reports folder's signatures/).",
-)
-@click.option(
-    "--sign-passphrase-file",
-    type=click.Path(exists=True, dir_okay=False),
-    envvar="GEMMA4_SIGN_PASSPHRASE_FILE",
-    help="File holding the signing key's passphrase (else gpg-agent is asked).",
-)
-@click.option(
     "--cosign-key",
     type=click.Path(dir_okay=False),
     envvar="GEMMA4_COSIGN_KEY",
@@ -710,16 +691,14 @@ def push(
     moving_tag,
     skip_smoke,
     allow_dirty,
-    sign_by,
-    signatures,
-    sign_passphrase_file,
     cosign_key,
     cosign_password_file,
     platform_names,
 ):
-    """Tag and push TARGETS' images, each platform's (an index joins two or more); attach each
-    image's reports/sbom-<target>[-<arch>].cdx.json and provenance-….intoto.json when present, sign
-    with --sign-by; prints each digest and records all of it in reports/pushed.json."""
+    """Tag and push TARGETS' images, each platform's (an index joins two or more); with --cosign-key,
+    sign every manifest and attest each image's reports/sbom-<target>[-<arch>].cdx.json and
+    provenance-….intoto.json when present; prints each digest and records all of it in
+    reports/pushed.json."""
     wanted = [p.strip() for names in platform_names for p in names.split(",")]  # an empty one is refused below
     if image and len(targets) > 1:
         fail("--image names one image; give one target", 2)
@@ -756,9 +735,6 @@ def push(
         skip_smoke=skip_smoke,
         allow_dirty=allow_dirty,
         sources={key: image} if image else None,
-        sign_by=sign_by,
-        signatures=Path(signatures) if signatures else None,
-        passphrase_file=sign_passphrase_file,
         cosign_key=Path(cosign_key) if cosign_key else None,
         cosign_password_file=Path(cosign_password_file) if cosign_password_file else None,
         log=log,
@@ -771,60 +747,31 @@ def push(
 @cli.command()
 @click.argument("ref", callback=reference)
 @click.option(
-    "--key", type=click.Path(exists=True, dir_okay=False), help="Public key (gpg --export) it must be signed by."
+    "--cosign-key",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="The cosign public key the image, its index and its attestations must be signed by.",
 )
-@click.option(
-    "--policy", type=click.Path(exists=True, dir_okay=False), help="A containers-policy.json to enforce instead."
-)
-@click.option(
-    "--signatures",
-    help="Where the signatures are: the lookaside directory push wrote, or its http(s):// URL (default the "
-    "reports folder's signatures/).",
-)
-@click.option("--to", "dest", metavar="TRANSPORT:REF", help="Copy the verified image there (any skopeo destination).")
-@click.option("--attachments-dir", type=click.Path(file_okay=False), help="Write the verified attached files here.")
+@click.option("--attachments-dir", type=click.Path(file_okay=False), help="Write the attested in-toto Statements here.")
 @click.option("--require-attachments", is_flag=True, help="Refuse an image without its SBOM and provenance.")
 @click.option(
     "--platform",
     metavar="OS/ARCH",
-    help=f"For a multi-platform tag: the platform's image to check and copy (default {platforms.DEFAULT}).",
+    help=f"For a multi-platform tag: the platform's image to check (default {platforms.DEFAULT}).",
 )
-@click.option(
-    "--cosign-key",
-    type=click.Path(exists=True, dir_okay=False),
-    help="cosign public key: check cosign's signature (and attestations) instead of the GnuPG policy.",
-)
-def verify(ref, key, policy, signatures, dest, attachments_dir, require_attachments, platform, cosign_key):
-    """Check REF's signature under the policy (and its attached SBOM and provenance, themselves
-    signed) before deploying it; exit 1 with the reason when it is refused."""
+def verify(ref, cosign_key, attachments_dir, require_attachments, platform):
+    """Check REF's cosign signature (an index's and its platform image's) and its SBOM and provenance
+    attestations, as an admission controller does, before deploying it; exit 1 with the reason when
+    it is refused."""
     from gemma4_images.publish import verify as verify_mod
 
     if platform is not None:
         platforms.parse(platform)  # before anything is asked of the registry
-    if cosign_key:
-        if key or policy or signatures or dest:
-            fail(
-                "--cosign-key checks cosign's signatures: --key, --policy, --signatures and --to are the GnuPG path's",
-                2,
-            )
-        result = verify_mod.verify_cosign(
-            ref,
-            Path(cosign_key),
-            attachments_dir=Path(attachments_dir) if attachments_dir else None,
-            require_attestations=require_attachments,
-            platform=platform,
-            log=log,
-        )
-        _say_verified(ref, result)
-        return
     result = verify_mod.verify(
         ref,
-        key=Path(key) if key else None,
-        policy=Path(policy) if policy else None,
-        signatures=signatures,
-        dest=dest,
+        Path(cosign_key),
         attachments_dir=Path(attachments_dir) if attachments_dir else None,
-        require_attachments=require_attachments,
+        require_attestations=require_attachments,
         platform=platform,
         log=log,
     )

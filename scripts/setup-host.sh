@@ -15,8 +15,6 @@ command -v dockerd >/dev/null || need_apt+=(docker.io)
 command -v mmdebstrap >/dev/null || need_apt+=(mmdebstrap)
 command -v docker-registry >/dev/null || need_apt+=(docker-registry)   # push tests: a real registry on 127.0.0.1
 command -v htpasswd >/dev/null || need_apt+=(apache2-utils)           # ... and one that wants a login
-command -v skopeo >/dev/null || need_apt+=(skopeo)                    # signing: GPG simple signing, policy.json
-command -v gpg >/dev/null || need_apt+=(gnupg)                         # ... with throwaway keys in the tests
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup-host: installing ${need_apt[*]}" >&2
   apt-get update -qq

@@ -185,7 +185,7 @@ def digest_of(ref: str, timeout: float = 20) -> str | None:
     return manifest_digest(image.host, image.repository, image.tag_or_latest, timeout)
 
 
-# -- writing: what `push` needs to attach files to an image (distribution API v2 spec,
+# -- writing: what `push` needs to store an index, and the tests to tamper with a registry (distribution API v2 spec,
 # github.com/distribution/distribution docs/spec/api.md: "Pushing An Image", monolithic upload) --
 
 

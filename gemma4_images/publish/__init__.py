@@ -1,2 +1,2 @@
-"""What leaves the machine and what proves it: push with digests, SBOM, provenance, signatures and
-attachments, offline verification, and model images."""
+"""What leaves the machine and what proves it: push with digests, SBOM, provenance, cosign
+signatures and attestations, their verification, and model images."""

@@ -12,18 +12,32 @@ import re
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from gemma4_images.build import registry as registry_api
 
 TOOLS = Path(os.environ.get("GEMMA4_TOOLS_DIR", "/usr/local/lib/gemma4-images/bin"))
-# An attachment's suffix (attach.SUFFIXES) -> (cosign's name for its predicate type, the type's
-# URI). Attested by URI: cosign 2.5 re-encodes a `--type slsaprovenance1` predicate through its own
+
+
+@dataclass(frozen=True)
+class Attestation:
+    kind: str  # cosign's name for the predicate type (verify-attestation --type)
+    uri: str  # the predicate type attested
+    report: str  # the report it carries, as `build` names it in the reports folder
+
+
+# Attested by URI: cosign 2.5 re-encodes a `--type slsaprovenance1` predicate through its own
 # struct (measured: metadata.invocationId came back as invocationID); by URI it keeps the bytes.
-ATTESTATIONS = {
-    "sbom": ("cyclonedx", "https://cyclonedx.org/bom"),
-    "att": ("slsaprovenance1", "https://slsa.dev/provenance/v1"),
-}
+ATTESTATIONS = (
+    Attestation("cyclonedx", "https://cyclonedx.org/bom", "sbom-{key}.cdx.json"),
+    Attestation("slsaprovenance1", "https://slsa.dev/provenance/v1", "provenance-{key}.intoto.json"),
+)
+
+
+def reports_of(key: str, reports_dir: Path) -> list[tuple[Attestation, Path]]:
+    """Each attestation with the report it carries for the image filed under key."""
+    return [(a, Path(reports_dir) / a.report.format(key=key)) for a in ATTESTATIONS]
 
 
 class CosignError(Exception):
@@ -48,7 +62,11 @@ def _registry_flags(host: str) -> list[str]:
 def _message(stderr: str) -> str:
     """cosign's own error line, without its usage text."""
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
-    errors = [re.sub(r"^Error: ", "", ln) for ln in lines if ln.startswith(("Error:", "error"))]
+    errors = [
+        re.sub(r"^(Error: |error during command execution: )+", "", ln)
+        for ln in lines
+        if ln.startswith(("Error:", "error"))
+    ]
     return (errors or lines or ["no output"])[-1]
 
 
@@ -86,10 +104,10 @@ def sign(host: str, repository: str, digest: str, key: Path, password_file: Path
     return ref
 
 
-def predicate_of(suffix: str, document: Path, folder: Path) -> Path:
-    """What cosign attests for an attachment: the SBOM itself; the provenance Statement's predicate
-    (cosign writes the Statement, its subject the signed image)."""
-    if suffix != "att":
+def predicate_of(attestation: Attestation, document: Path, folder: Path) -> Path:
+    """What cosign attests: the SBOM itself; the provenance Statement's predicate (cosign writes
+    the Statement, its subject the signed image)."""
+    if attestation.kind != "slsaprovenance1":
         return document
     statement = json.loads(document.read_text())
     path = folder / "predicate.json"
@@ -97,20 +115,22 @@ def predicate_of(suffix: str, document: Path, folder: Path) -> Path:
     return path
 
 
-def attest(host: str, repository: str, digest: str, suffix: str, document: Path, key: Path, password_file=None) -> dict:
-    """Attach document (an attachment of that suffix) to host/repository@digest as a signed DSSE
-    attestation of cosign's predicate type for it."""
+def attest(
+    host: str, repository: str, digest: str, attestation: Attestation, document: Path, key: Path, password_file=None
+) -> dict:
+    """Attach document to host/repository@digest as a signed DSSE attestation of its predicate type."""
     ref = f"{host}/{repository}@{digest}"
-    kind, uri = ATTESTATIONS[suffix]
     with tempfile.TemporaryDirectory(prefix="gemma4-cosign-") as tmp:
-        predicate = predicate_of(suffix, document, Path(tmp))
+        predicate = predicate_of(attestation, document, Path(tmp))
         _run(
-            ["attest", "--key", str(key), "--type", uri, "--predicate", str(predicate), "--tlog-upload=false"]
-            + [*_registry_flags(host), ref],
+            ["attest", "--key", str(key), "--type", attestation.uri, "--predicate", str(predicate)]
+            # --replace: an image pushed again keeps one attestation of each type (cosign appends
+            # another otherwise, measured: 4 after two pushes; its signatures it does not repeat)
+            + ["--replace", "--tlog-upload=false", *_registry_flags(host), ref],
             f"cosign could not attest {document.name} to {ref}",
             password_file,
         )
-    return {"type": kind, "file": str(document)}
+    return {"type": attestation.kind, "file": str(document)}
 
 
 def verify(host: str, repository: str, digest: str, key: Path) -> None:
@@ -122,14 +142,13 @@ def verify(host: str, repository: str, digest: str, key: Path) -> None:
     )
 
 
-def verify_attestation(host: str, repository: str, digest: str, suffix: str, key: Path) -> dict:
-    """cosign's check of the attestation of suffix's type; returns its in-toto Statement."""
+def verify_attestation(host: str, repository: str, digest: str, attestation: Attestation, key: Path) -> dict:
+    """cosign's check of the attestation of its type; returns its in-toto Statement."""
     ref = f"{host}/{repository}@{digest}"
-    kind, _ = ATTESTATIONS[suffix]
     run = _run(
-        ["verify-attestation", "--key", str(key), "--type", kind, "--insecure-ignore-tlog=true"]
+        ["verify-attestation", "--key", str(key), "--type", attestation.kind, "--insecure-ignore-tlog=true"]
         + [*_registry_flags(host), ref],
-        f"{ref} refused by cosign verify-attestation --type {kind}",
+        f"{ref} refused by cosign verify-attestation --type {attestation.kind}",
     )
     envelope = json.loads(run.stdout.strip().splitlines()[-1])
     return json.loads(base64.b64decode(envelope["payload"]))

@@ -1,6 +1,6 @@
 """Push built images to a registry: gated on their smoke report, skipped when the registry already
-holds the same digest, the target's SBOM and provenance attached to the pushed digest (attach.py),
-every tag signed when a key is given (signing.py), all of it recorded in reports/pushed.json."""
+holds the same digest, and with a cosign key every manifest signed and the target's SBOM and
+provenance attested to its image (cosign.py), all of it recorded in reports/pushed.json."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from gemma4_images.build import registry as registry_api
 from gemma4_images.build.docker_build import ANSI, local_image, wrong_platform
-from gemma4_images.publish import attach, cosign, index, reports, signing, sigstore_policy
+from gemma4_images.publish import cosign, index, reports, sigstore_policy
 from gemma4_images.spec import facts, platforms, reference
 from gemma4_images.spec.matrix import Matrix
 
@@ -245,9 +245,6 @@ def push(
     allow_dirty: bool = False,
     sources: dict[str, str] | None = None,
     reports_dir: Path | None = None,
-    sign_by: str | None = None,
-    signatures: Path | None = None,
-    passphrase_file: str | None = None,
     cosign_key: Path | None = None,
     cosign_password_file: Path | None = None,
     log=print,
@@ -256,22 +253,13 @@ def push(
     index when there are two or more; returns (and records in reports_dir/pushed.json, default
     reports.folder()) one entry
     per target: target, repository, tags, digest, image id, which tags were pushed or already
-    there, the files attached and, with sign_by (a GnuPG key), the signatures written to the
-    lookaside directory signatures (default reports_dir/signatures); an index's entry holds one
-    such entry per platform under "platforms". sources maps a target's report key (xeon6,
-    xeon6-arm64) to the local image to push (default: its tag). With cosign_key, cosign signs
-    every manifest pushed and attests the reports to each image instead (entry "cosign")."""
+    there; an index's entry holds one such entry per platform under "platforms". sources maps a
+    target's report key (xeon6, xeon6-arm64) to the local image to push (default: its tag). With
+    cosign_key, cosign signs every manifest pushed and attests the reports to each image (entry
+    "cosign"); without, nothing is signed or attested."""
     repo = repository(matrix, registry)
     reports_dir = Path(reports_dir or reports.folder())
-    cosigner = _cosigner(cosign_key, cosign_password_file, sign_by)
-    signer = None
-    if sign_by:
-        try:
-            signing.skopeo()
-            key = signing.fingerprint(sign_by)
-        except signing.SigningError as e:
-            raise PushError(str(e)) from None
-        signer = (key, Path(signatures or reports_dir / "signatures"), passphrase_file)
+    cosigner = _cosigner(cosign_key, cosign_password_file)
     plan = []
     # Every gate is checked before anything is pushed, so a refusal never leaves half a release.
     for name in targets:
@@ -284,10 +272,10 @@ def push(
                 raise PushError(f"refusing to push {part.source}: {refusal} (or pass --skip-smoke)")
             if refusal:
                 log(f"WARNING: pushing {part.source} WITHOUT a passing smoke test (--skip-smoke): {refusal}")
-            for item in attach.report_attachments(reports.key(name, part.platform, matrix.report_release), reports_dir):
-                if item.path.is_file() and _older_than(item.path, part.image):
+            for _, path in cosign.reports_of(reports.key(name, part.platform, matrix.report_release), reports_dir):
+                if path.is_file() and _older_than(path, part.image):
                     raise PushError(
-                        f"refusing to push {part.source}: {item.path} was written before the image was built; "
+                        f"refusing to push {part.source}: {path} was written before the image was built; "
                         f"regenerate it for this image (or remove it to push without it)"
                     )
     check_registry(reference.Reference.split(repo).host)
@@ -298,21 +286,14 @@ def push(
         except (sigstore_policy.PolicyError, cosign.CosignError) as e:
             raise PushError(f"cannot write the node policy for {repo}: {e}") from None
         log(f"wrote {', '.join(str(p) for p in written)}")
-    steps = [
-        functools.partial(_push_release, client, release, repo, reports_dir, signer, cosigner, log) for release in plan
-    ]
+    steps = [functools.partial(_push_release, client, release, repo, reports_dir, cosigner, log) for release in plan]
     return run_steps(client, steps, repo, reports_dir)
 
 
-def _cosigner(key: Path | None, password_file: Path | None, sign_by: str | None):
+def _cosigner(key: Path | None, password_file: Path | None):
     """(key, password file) for cosign, checked before anything is pushed; None without a key."""
     if key is None:
         return None
-    if sign_by:
-        raise PushError(
-            "--cosign-key and --sign-by both given: sign with one (cosign's attestations take the "
-            "sha256-<digest>.att tag the GnuPG path attaches the provenance under)"
-        )
     if not Path(key).is_file():
         raise PushError(f"--cosign-key {key}: no such file (`cosign generate-key-pair` writes cosign.key)")
     password = Path(password_file) if password_file else None
@@ -323,21 +304,15 @@ def _cosigner(key: Path | None, password_file: Path | None, sign_by: str | None)
     return Path(key), password
 
 
-def _push_release(
-    client, release: Release, repo: str, reports_dir: Path, signer, cosigner, log, created: list[str]
-) -> dict:
-    """Push, attach and sign each part; then, for several, the index under the target's tags,
-    signed with every platform's manifest (skopeo signs an index's instances with it). With
-    cosign, each part and the index are signed and the reports attested instead."""
+def _push_release(client, release: Release, repo: str, reports_dir: Path, cosigner, log, created: list[str]) -> dict:
+    """Push each part, then, for several, the index under the target's tags; with cosign, each
+    part and the index signed and each part's reports attested to it."""
     entries = []
     for part in release.parts:
         entry = _push_target(client, release.name, part.source, part.image, repo, part.tags, log, created)
         entry["platform"] = part.platform
         key = reports.key(release.name, part.platform, release.report_release)
-        if cosigner:
-            _sign_and_attest(entry, key, reports_dir, cosigner, log)
-        else:
-            _attach_and_sign(entry, key, reports_dir, signer, log)
+        _sign_and_attest(entry, key, reports_dir, cosigner, log)
         entries.append(entry)
     if not release.multi:
         return entries[0]
@@ -365,11 +340,8 @@ def _push_release(
         entry["pushed"].append(tag)
         log(f"stored the index of {', '.join(e['platform'] for e in entries)} as {repo}:{tag} {digest}")
     if cosigner:
-        entry["signatures"] = []
         entry["cosign"] = {"signed": cosign.sign(host, path, digest, *cosigner), "attestations": []}
         log(f"signed {entry['cosign']['signed']} with cosign ({cosigner[0]})")
-    else:
-        entry["signatures"] = _sign(host, path, [(t, digest) for t in release.tags], signer, log)
     return entry
 
 
@@ -397,7 +369,7 @@ def run_steps(client, steps, repo: str, reports_dir: Path) -> list[dict]:
     try:
         for step in steps:
             results.append(step(created))
-    except (PushError, registry_api.RegistryError, signing.SigningError, cosign.CosignError) as e:
+    except (PushError, registry_api.RegistryError, cosign.CosignError) as e:
         _forget_created(client, created, results, repo)
         raise e if isinstance(e, PushError) else PushError(str(e)) from None
     finally:
@@ -445,61 +417,25 @@ def _older_than(path: Path, image) -> bool:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(path.stat().st_mtime)) < built
 
 
-def _attach_and_sign(entry: dict, key: str, reports_dir: Path, signer, log) -> None:
-    """Attach the reports filed under key (the target, -<arch> for another platform) to the
-    entry's pushed digest, then sign every tag (the image's and the attachments'), recording both
-    in entry."""
-    pushed = reference.Reference.split(entry["repository"])
-    host, path = pushed.host, pushed.repository
-    entry["attachments"] = []
-    for item in attach.report_attachments(key, reports_dir):
-        tag = attach.tag_for(entry["digest"], item.suffix)
-        if not item.path.is_file():
-            log(f"no {item.path} for {key}: nothing attached as {tag}")
-            continue
-        start = time.monotonic()
-        done = attach.attach(host, path, entry["digest"], item)
-        entry["attachments"].append(done)
-        log(
-            f"attached {item.path} ({done['size']} bytes) as {entry['repository']}:{tag} "
-            f"{done['manifest_digest']} ({time.monotonic() - start:.1f}s)"
-        )
-    to_sign = [(t, entry["digest"]) for t in entry["tags"]]
-    to_sign += [(a["tag"], a["manifest_digest"]) for a in entry["attachments"]]
-    entry["signatures"] = _sign(host, path, to_sign, signer, log)
-
-
 def _sign_and_attest(entry: dict, key: str, reports_dir: Path, cosigner, log) -> None:
     """cosign signs the entry's pushed digest and attests each report filed under key to it (the
-    SBOM as cyclonedx, the provenance as slsaprovenance1), recorded in entry["cosign"]."""
+    SBOM as cyclonedx, the provenance as slsaprovenance1), recorded in entry["cosign"]; without a
+    key, the log says nothing was."""
+    if cosigner is None:
+        log(f"{entry['repository']}@{entry['digest']}: not signed or attested (no --cosign-key)")
+        return
     pushed = reference.Reference.split(entry["repository"])
     host, path = pushed.host, pushed.repository
-    entry["attachments"], entry["signatures"] = [], []
     signed = cosign.sign(host, path, entry["digest"], *cosigner)
     entry["cosign"] = {"signed": signed, "attestations": []}
     log(f"signed {signed} with cosign ({cosigner[0]})")
-    for item in attach.report_attachments(key, reports_dir):
-        if not item.path.is_file():
-            log(f"no {item.path} for {key}: nothing attested")
+    for attestation, document in cosign.reports_of(key, reports_dir):
+        if not document.is_file():
+            log(f"no {document} for {key}: nothing attested")
             continue
-        done = cosign.attest(host, path, entry["digest"], item.suffix, item.path, *cosigner)
+        done = cosign.attest(host, path, entry["digest"], attestation, document, *cosigner)
         entry["cosign"]["attestations"].append(done)
-        log(f"attested {item.path} to {signed} ({done['type']})")
-
-
-def _sign(host: str, path: str, to_sign: list[tuple[str, str]], signer, log) -> list[dict]:
-    if signer is None:
-        log(f"{host}/{path}: not signed (no --sign-by key)")
-        return []
-    key, signatures, passphrase_file = signer
-    done_list = []
-    for tag, digest in to_sign:
-        start = time.monotonic()
-        done, fresh = signing.sign(host, path, tag, digest, key, signatures, passphrase_file)
-        done_list.append({**done, "digest": digest})
-        said = "signed" if fresh else "already signed"
-        log(f"{said} {done['identity']} with {key[-16:]}: {done['signature']} ({time.monotonic() - start:.1f}s)")
-    return done_list
+        log(f"attested {document} to {signed} ({done['type']})")
 
 
 def read_pushed(path: Path) -> list[dict]:

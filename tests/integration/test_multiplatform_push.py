@@ -1,29 +1,28 @@
 """Two platforms under one tag: push writes an OCI image index over each platform's image, each
-image with its own attachments and signatures and the index signed; verify checks the platform a
-pipeline asks for; the engine pulls each platform back by the index digest. On a real registry on
-this machine (local_registry.py) with skopeo and a throwaway GnuPG key.
+image signed and its SBOM and provenance attested by cosign and the index signed; verify checks
+the platform a pipeline asks for; the engine pulls each platform back by the index digest. On a
+real registry on this machine (local_registry.py) with a throwaway cosign key.
 
 The images are FROM-scratch stand-ins built for linux/amd64 and linux/arm64 (a file saying which,
 a revision label; no RUN, so no emulator), not serving images: what is under test is the index,
 its signatures and the per-platform choice. The real xeon6 images for both platforms go through
-the same push in the linux/arm64 tier (test_arm64.py). The attached documents are small stand-ins."""
+the same push in the linux/arm64 tier (test_arm64.py). The attested documents are small stand-ins."""
 
 import json
 import os
 import shutil
-import tempfile
 import time
 from pathlib import Path
 
 import local_registry
 import pytest
-from test_signing import gnupg_home, make_key
 
 from gemma4_images.build import registry as registry_api
 from gemma4_images.check.smoke import Check, Report
-from gemma4_images.publish import attach, index, publish, signing, verify
+from gemma4_images.publish import cosign, index, publish, verify
 from gemma4_images.spec.matrix import MatrixError
 from tests.cli import build_py
+from tests.cosign_keys import key_pair
 from tests.cpu_default import NAME, SMOKE_OPTION, TARGET, key
 
 pytestmark = pytest.mark.integration
@@ -51,17 +50,14 @@ def images(inline_build):
 
 
 @pytest.fixture(scope="module")
-def keys():
-    with tempfile.TemporaryDirectory() as root:
-        root = Path(root)
-        fpr, public = make_key(root / "signer", "signer")
-        with gnupg_home(root / "signer"):
-            yield {"fpr": fpr, "public": public}
+def keys(tmp_path_factory):
+    private, public = key_pair(tmp_path_factory.mktemp("cosign") / "signer", "")
+    return {"key": private, "public": public}
 
 
 def write_reports(folder: Path, images: dict, platforms=PLATFORMS) -> Path:
     """A passing smoke report per platform, and stand-in SBOM and provenance documents that name
-    their platform (so an attachment on the wrong image shows)."""
+    their platform (so an attestation on the wrong image shows)."""
     folder.mkdir(parents=True, exist_ok=True)
     for p in platforms:
         key = PLATFORMS[p]
@@ -70,13 +66,18 @@ def write_reports(folder: Path, images: dict, platforms=PLATFORMS) -> Path:
         )
         sbom = {"bomFormat": "CycloneDX", "specVersion": "1.6", "metadata": {"component": {"name": f"stand-in {p}"}}}
         (folder / f"sbom-{key}.cdx.json").write_text(json.dumps(sbom) + "\n")
-        statement = {"_type": "https://in-toto.io/Statement/v1", "subject": [], "predicateType": f"stand-in {p}"}
+        statement = {
+            "_type": "https://in-toto.io/Statement/v1",
+            "subject": [],
+            "predicateType": "https://slsa.dev/provenance/v1",
+            "predicate": {"buildDefinition": {"buildType": f"stand-in {p}"}},
+        }
         (folder / f"provenance-{key}.intoto.json").write_text(json.dumps(statement) + "\n")
     return folder
 
 
 def push_both(client, m, host, images, folder, keys, logs) -> dict:
-    """Both stand-ins pushed for xeon6 as its two platforms, signed; the index's entry."""
+    """Both stand-ins pushed for xeon6 as its two platforms, signed and attested; the index's entry."""
     sources = {PLATFORMS[p]: tag for p, tag in images.items()}
     (entry,) = publish.push(
         client,
@@ -85,21 +86,22 @@ def push_both(client, m, host, images, folder, keys, logs) -> dict:
         f"{host}/gemma4-e2b-test",
         sources=sources,
         reports_dir=folder,
-        sign_by=keys["fpr"],
+        cosign_key=keys["key"],
         log=logs.append,
     )
     return entry
 
 
 @pytest.fixture(scope="module")
-def release(client, m, images, keys):
+def release(client, m, images, keys, tmp_path_factory):
     """The two-platform push, signed: (registry root, host, the index entry, reports folder)."""
-    with tempfile.TemporaryDirectory() as root, local_registry.registry(Path(root), client) as host:
-        folder = write_reports(Path(root) / "reports", images)
+    root = tmp_path_factory.mktemp("multi")
+    with local_registry.registry(root, client) as host:
+        folder = write_reports(root / "reports", images)
         logs = []
         entry = push_both(client, m, host, images, folder, keys, logs)
         print("\n".join(logs))
-        yield Path(root), host, entry, folder
+        yield root, host, entry, folder
 
 
 def version_ref(entry) -> str:
@@ -110,7 +112,17 @@ def per_platform(entry) -> dict:
     return {e["platform"]: e for e in entry["platforms"]}
 
 
-def test_the_index_names_each_platform_image_and_every_part_is_attached_and_signed(client, images, release):
+def held_by_cosign(host: str, path: str, digest: str) -> tuple[int, int]:
+    """How many signatures (.sig) and attestations (.att) cosign holds for digest."""
+    counts = []
+    for suffix in ("sig", "att"):
+        tag = f"{digest.replace(':', '-')}.{suffix}"
+        held = registry_api.manifest_digest(host, path, tag) is not None
+        counts.append(len(json.loads(registry_api.get_manifest(host, path, tag)[0])["layers"]) if held else 0)
+    return counts[0], counts[1]
+
+
+def test_the_index_names_each_platform_image_and_every_part_is_signed_and_attested(client, images, release):
     _, host, entry, folder = release
     path = entry["repository"].split("/", 1)[1]
     assert entry["media_type"] == index.OCI_INDEX
@@ -130,23 +142,17 @@ def test_the_index_names_each_platform_image_and_every_part_is_attached_and_sign
     ]
     assert held["annotations"] == {index.REVISION: REVISION}
 
-    # Each platform's attachments are its own reports, attached to its own manifest.
+    # Each platform's image is signed and its own reports attested to it; the index is signed.
     for p, part in parts.items():
         assert part["image_id"] == client.images.get(images[p]).id
-        for item in part["attachments"]:
-            manifest, data = attach.fetch(host, path, item["tag"])
-            assert manifest["subject"]["digest"] == part["digest"]
-            assert data == (folder / Path(item["file"]).name).read_bytes() and p.encode() in data
-        assert len(part["attachments"]) == 2
-        # signed under its own tags and its attachments' tags...
-        assert {s["identity"] for s in part["signatures"]} == {
-            f"{entry['repository']}:{t}" for t in part["tags"] + [a["tag"] for a in part["attachments"]]
-        }
-    # ... and the index under the target's tags (skopeo signs each platform's manifest with it).
-    assert {s["identity"] for s in entry["signatures"]} == {f"{entry['repository']}:{t}" for t in entry["tags"]}
-    for p, part in parts.items():
-        folder_of = folder / "signatures" / f"{path}@{part['digest'].replace(':', '=')}"
-        assert len(list(folder_of.glob("signature-*"))) == len(part["tags"]) + len(entry["tags"]), p
+        assert part["cosign"]["signed"] == f"{entry['repository']}@{part['digest']}"
+        assert [a["file"] for a in part["cosign"]["attestations"]] == [
+            str(folder / f"sbom-{PLATFORMS[p]}.cdx.json"),
+            str(folder / f"provenance-{PLATFORMS[p]}.intoto.json"),
+        ]
+        assert held_by_cosign(host, path, part["digest"]) == (1, 2)
+    assert entry["cosign"] == {"signed": f"{entry['repository']}@{entry['digest']}", "attestations": []}
+    assert held_by_cosign(host, path, entry["digest"]) == (1, 0)
     assert publish.pushed_ref(TARGET, folder) == f"{entry['repository']}@{entry['digest']}"
 
 
@@ -163,34 +169,24 @@ def test_each_platform_pulls_its_own_image_by_the_index_digest(client, images, r
     local_registry.forget(client, host)
 
 
+def _verify(entry, keys, platform, **kw):
+    return verify.verify(version_ref(entry), keys["public"], platform=platform, log=print, **kw)
+
+
 def test_verify_checks_and_hands_over_the_platform_asked_for(release, keys, tmp_path):
-    _, _, entry, folder = release
+    _, _, entry, _ = release
     parts = per_platform(entry)
     for p in PLATFORMS:
         out = tmp_path / p.replace("/", "-")
-        result = verify.verify(
-            version_ref(entry),
-            key=keys["public"],
-            signatures=str(folder / "signatures"),
-            attachments_dir=out,
-            require_attachments=True,
-            platform=p,
-            log=print,
-        )
+        result = _verify(entry, keys, p, attachments_dir=out, require_attestations=True)
         assert (result["digest"], result["index"], result["platform"]) == (parts[p]["digest"], entry["digest"], p)
-        assert sorted(f.name for f in out.iterdir()) == sorted(Path(a["file"]).name for a in parts[p]["attachments"])
-        assert all(p in f.read_text() for f in out.iterdir())
+        assert sorted(f.name for f in out.iterdir()) == ["cyclonedx.intoto.json", "slsaprovenance1.intoto.json"]
+        for f in out.iterdir():
+            statement = json.loads(f.read_text())
+            assert p in json.dumps(statement["predicate"]), f
+            assert statement["subject"][0]["digest"]["sha256"] == parts[p]["digest"].partition(":")[2]
 
-    run = build_py(
-        "verify",
-        version_ref(entry),
-        "--key",
-        str(keys["public"]),
-        "--signatures",
-        str(folder / "signatures"),
-        "--platform",
-        "linux/arm64",
-    )
+    run = build_py("verify", version_ref(entry), "--cosign-key", str(keys["public"]), "--platform", "linux/arm64")
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == (
         f"verified {entry['repository']}:{entry['tags'][0]}@{entry['digest']} "
@@ -198,14 +194,8 @@ def test_verify_checks_and_hands_over_the_platform_asked_for(release, keys, tmp_
     )
 
 
-def _verify(entry, keys, folder, platform):
-    return verify.verify(
-        version_ref(entry), key=keys["public"], signatures=str(folder / "signatures"), platform=platform
-    )
-
-
 def test_a_tampered_platform_manifest_is_refused_and_the_other_platform_still_verifies(release, keys):
-    root, _, entry, folder = release
+    root, _, entry, _ = release
     arm = per_platform(entry)["linux/arm64"]["digest"]
     hexd = arm.partition(":")[2]
     stored = root / "data/docker/registry/v2/blobs/sha256" / hexd[:2] / hexd / "data"
@@ -215,32 +205,33 @@ def test_a_tampered_platform_manifest_is_refused_and_the_other_platform_still_ve
     assert tampered != original
     stored.write_bytes(tampered)
     try:
-        with pytest.raises(signing.SigningError, match=f"Manifest does not match provided manifest digest {arm}"):
-            _verify(entry, keys, folder, "linux/arm64")
-        assert _verify(entry, keys, folder, "linux/amd64")["platform"] == "linux/amd64"
+        with pytest.raises(cosign.CosignError, match=f"the registry's manifest for {arm} is other bytes"):
+            _verify(entry, keys, "linux/arm64")
+        assert _verify(entry, keys, "linux/amd64")["platform"] == "linux/amd64"
     finally:
         stored.write_bytes(original)
-    assert _verify(entry, keys, folder, "linux/arm64")["digest"] == arm
+    assert _verify(entry, keys, "linux/arm64")["digest"] == arm
 
 
 def test_a_platform_without_its_own_signature_is_refused_though_the_index_is_signed(release, keys, tmp_path):
     """The index's signature alone does not clear a platform: a pull by the tag checks both."""
-    _, _, entry, folder = release
+    root, _, entry, _ = release
     path = entry["repository"].split("/", 1)[1]
     arm = per_platform(entry)["linux/arm64"]["digest"]
-    signed = folder / "signatures" / f"{path}@{arm.replace(':', '=')}"
+    # The registry's tag of the arm64 image's signature, moved out of its storage.
+    signed = root / "data/docker/registry/v2/repositories" / path / "_manifests/tags" / f"{arm.replace(':', '-')}.sig"
     shutil.move(signed, tmp_path / "kept")
     try:
-        with pytest.raises(signing.SigningError, match="A signature was required, but no signature exists"):
-            _verify(entry, keys, folder, "linux/arm64")
-        assert _verify(entry, keys, folder, "linux/amd64")["platform"] == "linux/amd64"
+        with pytest.raises(cosign.CosignError, match="no signatures found"):
+            _verify(entry, keys, "linux/arm64")
+        assert _verify(entry, keys, "linux/amd64")["platform"] == "linux/amd64"
     finally:
         shutil.move(tmp_path / "kept", signed)
 
 
 def test_an_index_repointed_without_the_key_is_refused(release, keys):
     """Someone with write access to the registry swaps the platforms' places under the signed tag."""
-    _, host, entry, folder = release
+    _, host, entry, _ = release
     path = entry["repository"].split("/", 1)[1]
     original, _ = registry_api.get_manifest(host, path, entry["digest"])
     held = json.loads(original)
@@ -249,11 +240,11 @@ def test_an_index_repointed_without_the_key_is_refused(release, keys):
     index.put(host, path, entry["tags"][0], forged)
     try:
         for p in PLATFORMS:
-            with pytest.raises(signing.SigningError, match="signature"):
-                _verify(entry, keys, folder, p)
+            with pytest.raises(cosign.CosignError, match="refused by cosign verify: no signatures found"):
+                _verify(entry, keys, p)
     finally:
         index.put(host, path, entry["tags"][0], original)
-    assert _verify(entry, keys, folder, "linux/amd64")["index"] == entry["digest"]
+    assert _verify(entry, keys, "linux/amd64")["index"] == entry["digest"]
 
 
 def test_the_registry_stores_no_index_naming_a_manifest_it_lacks(release):
@@ -267,12 +258,15 @@ def test_the_registry_stores_no_index_naming_a_manifest_it_lacks(release):
 
 def test_pushing_the_same_images_again_stores_and_signs_nothing_new(client, m, images, keys, release):
     _, host, entry, folder = release
+    path = entry["repository"].split("/", 1)[1]
     logs = []
     again = push_both(client, m, host, images, folder, keys, logs)
     assert again["digest"] == entry["digest"] and again["pushed"] == [] and again["already_present"] == entry["tags"]
     # (The pull test forgot the engine's record of these pushes, so it may push them again: same digests.)
     assert [e["digest"] for e in again["platforms"]] == [e["digest"] for e in entry["platforms"]]
-    assert not [line for line in logs if line.startswith("signed ")], logs
+    for part in again["platforms"]:  # cosign keeps one signature and one attestation of each type
+        assert held_by_cosign(host, path, part["digest"]) == (1, 2)
+    assert held_by_cosign(host, path, entry["digest"]) == (1, 0)
 
 
 def test_verify_platform_on_a_single_image_is_refused_unless_it_is_that_platform(client, m, images, keys, tmp_path):
@@ -286,13 +280,13 @@ def test_verify_platform_on_a_single_image_is_refused_unless_it_is_that_platform
             platforms_wanted=["linux/amd64"],
             sources={PLATFORMS["linux/amd64"]: images["linux/amd64"]},
             reports_dir=folder,
-            sign_by=keys["fpr"],
+            cosign_key=keys["key"],
             log=print,
         )
         assert "platforms" not in entry and entry["tags"] == [NAME, f"{NAME}-fedcba9"]
-        assert _verify(entry, keys, folder, "linux/amd64")["index"] is None
-        with pytest.raises(signing.SigningError) as refused:
-            _verify(entry, keys, folder, "linux/arm64")
+        assert _verify(entry, keys, "linux/amd64")["index"] is None
+        with pytest.raises(cosign.CosignError) as refused:
+            _verify(entry, keys, "linux/arm64")
         assert str(refused.value) == (
             f"{version_ref(entry)} refused: it is one linux/amd64 image, not an index holding linux/arm64"
         )

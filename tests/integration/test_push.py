@@ -84,7 +84,7 @@ def test_second_push_of_the_same_image_is_skipped(client, m, registry, image, fi
     print(f"second push: {time.monotonic() - start:.1f}s")
     assert again[0]["pushed"] == [] and again[0]["already_present"] == entries[0]["tags"]
     assert again[0]["digest"] == entries[0]["digest"]
-    # Each tag's line says so (the other lines are about attachments and signing: test_signing.py).
+    # Each tag's line says so (the other lines are about signing: test_cosign.py).
     tag_lines = [
         line for line in logs if line.split(" ")[0] in {f"{entries[0]['repository']}:{t}" for t in entries[0]["tags"]}
     ]

@@ -1,19 +1,20 @@
 """No private key is in the repository: no file git tracks or would add (untracked, not ignored)
-holds an armored private key or a GnuPG secret-key file. The scan is shown to find both first,
-in a throwaway repository holding a key made here."""
+holds an armored private key (cosign's, OpenPGP, PEM, OpenSSH) or a GnuPG secret-key file. The
+scan is shown to find a cosign key first, in a throwaway repository holding one made here."""
 
-import os
 import re
 import subprocess
 from pathlib import Path
 
 from gemma4_images.spec import matrix
+from tests.cosign_keys import key_pair
 
-# Armored keys (OpenPGP, PEM, OpenSSH) and GnuPG 2.1+'s private-keys-v1.d files (a canonical
-# S-expression opening with a length-prefixed private-key atom, or the extended "Key:" format).
-# (This file is scanned too: nothing here spells a whole marker.)
+# Armored keys (cosign's SIGSTORE/COSIGN, OpenPGP, PEM, OpenSSH) and GnuPG 2.1+'s private-keys-v1.d
+# files (a canonical S-expression opening with a length-prefixed private-key atom, or the extended
+# "Key:" format). (This file is scanned too: nothing here spells a whole marker.)
 PRIVATE_KEY = re.compile(
-    rb"-----BEGIN (?:PGP PRIVATE KEY BLOCK|(?:RSA |EC |DSA |ENCRYPTED |OPENSSH )?PRIVATE KEY)-----"
+    rb"-----BEGIN (?:PGP PRIVATE KEY BLOCK|(?:RSA |EC |DSA |ENCRYPTED |OPENSSH )?"
+    rb"(?:(?:SIGSTORE|COSIGN) )?PRIVATE KEY)-----"
     rb"|\(\d+:(?:protected-|shadowed-)?private-key"
     rb"|^Key: \((?:protected-|shadowed-)?private-key",
     re.M,
@@ -32,30 +33,20 @@ def private_keys_in(root: Path) -> list[str]:
 
 
 def test_the_scan_finds_a_key_added_to_a_repository(tmp_path):
-    home, repo = tmp_path / "gnupg", tmp_path / "repo"
-    home.mkdir(mode=0o700)
+    repo = tmp_path / "repo"
     repo.mkdir()
-    env = {**os.environ, "GNUPGHOME": str(home)}
-
-    def gpg(*args):
-        return subprocess.run(["gpg", "--batch", *args], env=env, capture_output=True, check=True).stdout
-
-    try:
-        gpg("--passphrase", "", "--quick-gen-key", "leak <leak@gemma4-images.invalid>", "ed25519", "sign", "1d")
-        subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
-        (repo / "notes.txt").write_text("nothing secret\n")
-        assert private_keys_in(repo) == []
-        (repo / "release.asc").write_bytes(gpg("--armor", "--export-secret-keys"))
-        (key_file,) = (home / "private-keys-v1.d").glob("*.key")
-        (repo / "keyring").mkdir()
-        (repo / "keyring" / key_file.name).write_bytes(key_file.read_bytes())
-        assert private_keys_in(repo) == ["keyring/" + key_file.name, "release.asc"]
-        # Public keys are fine to commit.
-        (repo / "release.asc").write_bytes(gpg("--armor", "--export"))
-        (repo / "keyring" / key_file.name).unlink()
-        assert private_keys_in(repo) == []
-    finally:
-        subprocess.run(["gpgconf", "--kill", "gpg-agent"], env=env)
+    private, public = key_pair(tmp_path / "keys", "")
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    (repo / "notes.txt").write_text("nothing secret\n")
+    assert private_keys_in(repo) == []
+    (repo / "signing").mkdir()
+    (repo / "signing" / "cosign.key").write_bytes(private.read_bytes())
+    (repo / "release.pem").write_bytes(private.read_bytes().replace(b"ENCRYPTED SIGSTORE ", b"EC "))
+    assert private_keys_in(repo) == ["release.pem", "signing/cosign.key"]
+    # Public keys are fine to commit.
+    (repo / "signing" / "cosign.key").write_bytes(public.read_bytes())
+    (repo / "release.pem").unlink()
+    assert private_keys_in(repo) == []
 
 
 def test_the_repository_holds_no_private_key():

@@ -29,7 +29,7 @@ def test_only_the_repository_is_admitted_and_only_signed_by_the_key(tmp_path):
     [
         (f"{REPO}:xeon6", PEM, "without a tag or digest"),
         ("Registry.example/ML", PEM, "is not a valid image reference"),
-        (REPO, "-----BEGIN ENCRYPTED SIGSTORE PRIVATE KEY-----\n", "is not a cosign public key (PEM)"),
+        (REPO, "-----BEGIN ENCRYPTED SIGSTORE " + "PRIVATE KEY-----\n", "is not a cosign public key (PEM)"),
     ],
 )
 def test_bad_input_raises_one_line_and_writes_nothing(tmp_path, repository, key, says):

@@ -1,14 +1,15 @@
 """`build.py verify` as a pipeline calls it: what it cannot check is one line and exit 1 (or 2 for
-a malformed reference), before any copy starts. The checks themselves run against a real
-registry in tests/integration/test_signing.py."""
+bad usage), before anything is asked of the registry. The checks themselves run against a real
+registry in tests/integration/test_cosign.py and test_multiplatform_push.py."""
 
 import os
 
 import pytest
 
 from gemma4_images.check.server import free_port
-from gemma4_images.publish import signing
 from tests.cli import build_py
+
+REF = "127.0.0.1:5000/ml/gemma4-e2b:xeon6-v0.30.0"
 
 
 def verify(*args, env=None):
@@ -17,7 +18,7 @@ def verify(*args, env=None):
 
 @pytest.fixture
 def key(tmp_path):
-    path = tmp_path / "release.pub"
+    path = tmp_path / "cosign.pub"
     path.write_text("not used before the registry answers\n")
     return str(path)
 
@@ -28,76 +29,33 @@ def one_line(run, code: int) -> str:
 
 
 def test_a_malformed_reference_is_a_usage_error(key):
-    assert one_line(verify("Bad Ref!!", "--key", key), 2).startswith(
+    assert one_line(verify("Bad Ref!!", "--cosign-key", key), 2).startswith(
         "error: REF 'Bad Ref!!' is not a valid image reference"
     )
 
 
-def test_without_a_key_or_policy_there_is_nothing_to_verify_against():
-    assert one_line(verify("127.0.0.1:5000/ml/gemma4-e2b:xeon6-v0.30.0"), 1) == (
-        "error: nothing to verify against: give the public key (--key FILE) or a policy (--policy FILE)"
-    )
-
-
-def test_key_and_policy_together_are_refused(key):
-    assert one_line(verify("127.0.0.1:5000/ml/gemma4-e2b:x", "--key", key, "--policy", key), 1) == (
-        "error: --key and --policy both given: the policy names its keys itself; give one"
-    )
+def test_without_a_key_there_is_nothing_to_verify_against():
+    run = verify(REF)
+    assert run.returncode == 2 and "Missing option '--cosign-key'" in run.stderr, run.stderr
 
 
 def test_a_registry_that_is_down_is_named(key):
     ref = f"127.0.0.1:{free_port()}/ml/gemma4-e2b:xeon6-v0.30.0"
     host = ref.split("/")[0]
-    assert one_line(verify(ref, "--key", key), 1) == (
+    assert one_line(verify(ref, "--cosign-key", key), 1) == (
         f"error: cannot verify {ref}: {host}: connection refused — is the registry running?"
     )
 
 
-def test_no_skopeo_is_named_with_the_fix(key, tmp_path):
-    env = {**os.environ, "PATH": str(tmp_path)}  # python is called by its full path
-    assert one_line(verify("127.0.0.1:5000/ml/gemma4-e2b:x", "--key", key, env=env), 1) == (
-        "error: skopeo is not installed: `apt-get install skopeo` (scripts/setup-host.sh)"
+def test_no_cosign_is_named_with_the_setup_command(key, tmp_path):
+    # python is called by its full path; the tools folder is an empty one
+    env = {**os.environ, "PATH": str(tmp_path), "GEMMA4_TOOLS_DIR": str(tmp_path)}
+    assert one_line(verify(REF, "--cosign-key", key, env=env), 1) == (
+        "error: cosign is not installed: run scripts/setup-tools.sh (Debian trixie's cosign, "
+        "requirements/trixie-tools.lock)"
     )
 
 
-def _policy(docker: dict, default=None) -> dict:
-    return {"default": default or [{"type": "reject"}], "transports": {"docker": docker}}
-
-
-def signed_by(path):
-    return [{"type": "signedBy", "keyType": "GPGKeys", "keyPath": path}]
-
-
-REF = "127.0.0.1:5000/ml/gemma4-e2b:xeon6-v0.30.0"
-
-
-@pytest.mark.parametrize(
-    "scopes, expected",
-    [
-        ({REF: signed_by("/exact"), "127.0.0.1:5000/ml/gemma4-e2b": signed_by("/repo")}, ["/exact"]),
-        ({"127.0.0.1:5000/ml/gemma4-e2b": signed_by("/repo"), "127.0.0.1:5000/ml": signed_by("/ns")}, ["/repo"]),
-        ({"127.0.0.1:5000/ml": signed_by("/ns"), "127.0.0.1:5000": signed_by("/host")}, ["/ns"]),
-        ({"127.0.0.1:5000": signed_by("/host"), "": signed_by("/transport")}, ["/host"]),
-        ({"": signed_by("/transport")}, ["/transport"]),
-        ({"other.example/x": signed_by("/other")}, []),  # the default (reject) applies: skopeo refuses
-        ({REF: [{"type": "insecureAcceptAnything"}], "127.0.0.1:5000": signed_by("/host")}, []),
-        ({REF: [{"type": "signedBy", "keyType": "GPGKeys", "keyPaths": ["/a", "/b"]}]}, ["/a", "/b"]),
-    ],
-)
-def test_the_index_is_checked_with_the_keys_of_the_most_specific_scope(scopes, expected, tmp_path):
-    """containers-policy.json(5)'s precedence, as skopeo applies it to the platform's image."""
-    keys = signing.required_keys(_policy(scopes), REF, tmp_path)
-    assert [str(k) for k in keys] == expected
-
-
-def test_key_data_in_the_policy_is_written_out_to_check_with(tmp_path):
-    import base64
-
-    policy = _policy({REF: [{"type": "signedBy", "keyType": "GPGKeys", "keyData": base64.b64encode(b"KEY").decode()}]})
-    (key,) = signing.required_keys(policy, REF, tmp_path)
-    assert key.read_bytes() == b"KEY" and key.parent == tmp_path
-
-
 def test_an_unknown_platform_is_a_usage_error(key):
-    run = verify(REF, "--key", key, "--platform", "linux/riscv64")
+    run = verify(REF, "--cosign-key", key, "--platform", "linux/riscv64")
     assert one_line(run, 2) == "error: unknown platform 'linux/riscv64'; known platforms: linux/amd64, linux/arm64"
