@@ -7,7 +7,7 @@ PYTEST_ARGS ?= -m "not device and not platform and not fullsize"
 LANES ?= 2
 
 .DEFAULT_GOAL := help
-.PHONY: help host host-build emulation tools release quickstart image images base bump render lint lock smoke check-fixes port-fixes test test-fast test-arm64 test-fullsize list bench
+.PHONY: help host host-build emulation tools release quickstart image images base bump render lint lock smoke check-fixes port-fixes test test-fast test-publish test-arm64 test-fullsize list bench
 
 help: ## Show targets and variables
 	@echo "usage: make <target> [HW=<hardware>]"
@@ -24,7 +24,7 @@ host: ## Install and start what builds and tests need (Docker engine, mmdebstrap
 host-build: ## The same with the build venv only (what building and serving images need)
 	@scripts/setup-host.sh build
 
-tools: ## Install cosign (Debian trixie's, sha256-pinned in requirements/trixie-tools.lock) for signed pushes
+tools: ## Install cosign and oras (Debian trixie's, sha256-pinned in requirements/trixie-tools.lock) for pin, push, verify
 	@scripts/setup-tools.sh
 
 release: host-build tools ## Build, smoke, push signed by cosign, verify: make release HW=cpu REGISTRY=R COSIGN_KEY=cosign.key [RELEASE_ARGS=--tiny] [VLLM=...]
@@ -81,6 +81,11 @@ test: host ## Run the test suite (unit + integration with a real Docker engine),
 # real-wheel checks download their wheels once per machine, then take seconds.
 test-fast: host ## The quick unit tests, for edit-test loops (no Docker; ~1 min)
 	$(PY) -m pytest -m "not integration and not device and not slow and not fullsize" tests/unit
+
+# The supply chain's own lane (tests/lanes.py PUBLISH): what a change to publish/ or the registry
+# tools needs, without the image core's serving tests (~10 min warm).
+test-publish: host tools ## The supply-chain tests alone: push, cosign, oras, SBOM, provenance, contract, pin, pipelines
+	$(PY) -m pytest -m "publish and not fullsize"
 
 # The linux/arm64 tier: the arm64 CPU stand-in, the xeon6 image and its smoke, under qemu. Too slow
 # for every CI run: CI runs it when what it proves changed (tests/platform_tier.py); on a pass it

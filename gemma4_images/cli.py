@@ -442,6 +442,7 @@ def pin_cmd(targets, check, path, release):
         if names:
             where = matrix_mod.release_file(version, releases_dir)
             plans.append((where, view, names, pin.bases(view, names, f"releases/{where.name}")))
+    registry_api.binary()  # one line naming the setup command, not one per base
     results = pin.resolve([b for *_, found in plans for b in found])
     for r in results:
         click.echo(r.line())
@@ -1048,6 +1049,24 @@ def bench_cmd(
     build = results.get("build")
     if build and not all(s["layers_ok"] for s in build["scenarios"][1:]):
         fail("a rebuild rebuilt the wrong layers (see above and BENCHMARKS.md)")
+
+
+@cli.command("contract")
+@click.argument("target", type=TARGET)
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Default reports/contract-<target>[-v<release>].cst.yaml (`build` writes it too).",
+)
+@VLLM
+def contract_cmd(target, out):
+    """Write what TARGET's image promises (entrypoint, labels, env, files, the recipe's launch, its
+    fixes applied, pinned versions) as a container-structure-test config: `container-structure-test
+    test --image IMAGE --config FILE` checks an image with it, without this project."""
+    m = load(target)
+    click.echo(
+        reports.write_contract(m, target, out or reports.contract_path(reports.key(target, None, m.report_release)))
+    )
 
 
 @cli.command("sbom")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Install the supply-chain binaries requirements/trixie-tools.lock pins (cosign) into
+# Install the supply-chain binaries requirements/trixie-tools.lock pins (cosign, oras) into
 # /usr/local/lib/gemma4-images/bin (GEMMA4_TOOLS_DIR elsewhere): each is one static file taken out of its Debian trixie
-# package, whose sha256 must be the lock's (bookworm has no cosign). Air-gapped: put the .deb files
+# package, whose sha256 must be the lock's (bookworm has neither). Air-gapped: put the .deb files
 # in a folder and set GEMMA4_DEB_MIRROR to it; nothing is downloaded then. Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."

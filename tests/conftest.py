@@ -35,6 +35,15 @@ def pytest_configure(config):
         config.addinivalue_line("markers", f"{name}: the {name} device tier")
 
 
+def pytest_collection_modifyitems(items):
+    """The publishing lane (tests/lanes.py PUBLISH): `make test-publish`, `pytest -m publish`."""
+    from tests import lanes
+
+    for item in items:
+        if lanes.publishing(item.nodeid):
+            item.add_marker(pytest.mark.publish)
+
+
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
     """A fresh tiny Gemma 4 (model + tokenizer, seed 0) for tests that inspect or copy it."""

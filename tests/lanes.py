@@ -31,7 +31,32 @@ SERVE = {
     "test_autoscale_signal.py",
 }
 NO_ENGINE = {"test_apply_all_real_vllm.py", "test_fix_pack_applies.py", "test_bump.py"}
+# The supply chain apart from the image core (docs/publish.md): push, cosign, oras, SBOM,
+# provenance, the contract, pin, the pipelines; `make test-publish` runs these alone.
+PUBLISH = {
+    "test_cosign.py",
+    "test_multiplatform_push.py",
+    "test_push.py",
+    "test_release.py",
+    "test_sbom_provenance.py",
+    "test_contract.py",
+    "test_contract_form.py",
+    "test_pin_registry.py",
+    "test_model_image_no_network.py",
+    "test_publish.py",
+    "test_verify_cli.py",
+    "test_sigstore_policy.py",
+    "test_pipelines.py",
+    "test_sbom.py",
+    "test_no_keys_in_repo.py",
+    "test_pin.py",
+}
 INTEGRATION = "tests/integration/"
+
+
+def publishing(nodeid: str) -> bool:
+    """Whether a test (its nodeid) is in the publishing lane."""
+    return nodeid.split("::", 1)[0].rpartition("/")[2] in PUBLISH
 
 
 def lane(nodeid: str) -> str | None:

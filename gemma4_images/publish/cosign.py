@@ -9,15 +9,13 @@ import base64
 import json
 import os
 import re
-import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from gemma4_images.build import registry as registry_api
-
-TOOLS = Path(os.environ.get("GEMMA4_TOOLS_DIR", "/usr/local/lib/gemma4-images/bin"))
+from gemma4_images.build import tools
 
 
 @dataclass(frozen=True)
@@ -45,12 +43,9 @@ class CosignError(Exception):
 
 
 def binary() -> str:
-    found = shutil.which("cosign") or (str(TOOLS / "cosign") if (TOOLS / "cosign").is_file() else None)
+    found = tools.find("cosign")
     if found is None:
-        raise CosignError(
-            "cosign is not installed: run scripts/setup-tools.sh (Debian trixie's cosign, "
-            "requirements/trixie-tools.lock)"
-        )
+        raise CosignError(tools.missing("cosign"))
     return found
 
 

@@ -9,7 +9,9 @@ registry stored it under (the daemon's docker push has no OCI output). Docker 20
 docker-registry (distribution 2.8) stores it after checking each named manifest is there (all
 three measured here: tests/integration/test_multiplatform_push.py). The index is
 built from the registry's bytes only (no clock, no host), so pushing the same images again makes
-the same index digest and nothing is stored twice."""
+the same index digest and nothing is stored twice. Its bytes are made here because the pinned
+oras (trixie's 1.2.0: `oras manifest` has delete, fetch, fetch-config, push) cannot make an
+index; oras stores it (registry.put_manifest)."""
 
 from __future__ import annotations
 

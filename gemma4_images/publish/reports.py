@@ -62,6 +62,20 @@ def write_sbom(contents, name: str, out: Path | None = None) -> str:
     return f"{path}: {len(parsed['components'])} components, {len(sbom.patches_in(parsed))} patches"
 
 
+def contract_path(name: str) -> Path:
+    return folder() / f"contract-{name}.cst.yaml"
+
+
+def write_contract(m, target: str, path: Path) -> str:
+    """The image's contract (spec/contract.py) as container-structure-test reads it."""
+    import yaml
+
+    from gemma4_images.spec import contract
+
+    write_document(path, yaml.safe_dump(contract.config(m, target), sort_keys=False, width=1000))
+    return str(path)
+
+
 def write_provenance(contents, m, name: str, out: Path | None = None) -> str:
     from gemma4_images.publish import provenance
 
@@ -129,9 +143,11 @@ def current_for_tag(client, name: str, tag: str) -> bool:
 
 def for_build(client, m, name: str, built: str, log, platform: str | None = None) -> None:
     """Write (or keep, when current) TARGET name's SBOM and provenance for the image built for
-    platform (None: the default), filed under key(name, platform)."""
+    platform (None: the default), filed under key(name, platform), and its contract."""
     image = client.images.get(built)
     filed = key(name, platform, m.report_release if m else None)
+    if m is not None:
+        log(write_contract(m, name, contract_path(filed)))
     if current(filed, image, built):
         log(f"{sbom_path(filed)} and {provenance_path(filed)} already describe {built} ({image.id[:19]}): kept")
         return

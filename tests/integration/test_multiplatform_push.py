@@ -11,6 +11,7 @@ the same push in the linux/arm64 tier (test_arm64.py). The attested documents ar
 import json
 import os
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -252,7 +253,7 @@ def test_the_registry_stores_no_index_naming_a_manifest_it_lacks(release):
     path = entry["repository"].split("/", 1)[1]
     held = json.loads(registry_api.get_manifest(host, path, entry["digest"])[0])
     missing = [{**held["manifests"][0], "digest": "sha256:" + "0" * 64}]
-    with pytest.raises(registry_api.RegistryError, match="400"):
+    with pytest.raises(registry_api.RegistryError, match="manifest blob unknown"):
         index.put(host, path, "dangling", index.body(missing, REVISION))
 
 
@@ -293,8 +294,8 @@ def test_verify_platform_on_a_single_image_is_refused_unless_it_is_that_platform
 
 
 def _nothing_pushed(host):
-    with registry_api._request(host, "/v2/_catalog", "GET", "registry:catalog:*", 10) as r:
-        return json.load(r)["repositories"] == []
+    listed = subprocess.run([registry_api.binary(), "repo", "ls", "--plain-http", host], capture_output=True, text=True)
+    return listed.returncode == 0 and listed.stdout.strip() == ""
 
 
 @pytest.mark.parametrize(

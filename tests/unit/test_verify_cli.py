@@ -7,6 +7,7 @@ import os
 import pytest
 
 from gemma4_images.check.server import free_port
+from gemma4_images.publish import cosign
 from tests.cli import build_py
 
 REF = "127.0.0.1:5000/ml/gemma4-e2b:xeon6-v0.30.0"
@@ -59,3 +60,18 @@ def test_no_cosign_is_named_with_the_setup_command(key, tmp_path):
 def test_an_unknown_platform_is_a_usage_error(key):
     run = verify(REF, "--cosign-key", key, "--platform", "linux/riscv64")
     assert one_line(run, 2) == "error: unknown platform 'linux/riscv64'; known platforms: linux/amd64, linux/arm64"
+
+
+@pytest.mark.parametrize("command", [["pin", "--check"], ["verify", REF, "--cosign-key", "KEY"]])
+def test_no_oras_is_named_with_the_setup_command(command, key, tmp_path):
+    # pin and verify ask the registry through oras (push too, once its gates pass): without it, one
+    # line before anything is asked. The tools folder holds cosign only.
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tools / "cosign").symlink_to(cosign.binary())
+    env = {**os.environ, "PATH": str(tools), "GEMMA4_TOOLS_DIR": str(tools)}
+    run = build_py(*[key if arg == "KEY" else arg for arg in command], env=env)
+    assert one_line(run, 1) == (
+        "error: oras is not installed: run scripts/setup-tools.sh (Debian trixie's oras, "
+        "requirements/trixie-tools.lock)"
+    )

@@ -1,0 +1,22 @@
+"""The single-file tools scripts/setup-tools.sh installs from Debian trixie (cosign, oras;
+requirements/trixie-tools.lock pins each .deb's sha256): where they are, and the one line that
+names the fix when one is not."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+TOOLS = Path(os.environ.get("GEMMA4_TOOLS_DIR", "/usr/local/lib/gemma4-images/bin"))
+
+
+def find(name: str) -> str | None:
+    """The tool on PATH, else in the setup script's folder; None when neither has it."""
+    return shutil.which(name) or (str(TOOLS / name) if (TOOLS / name).is_file() else None)
+
+
+def missing(name: str) -> str:
+    return (
+        f"{name} is not installed: run scripts/setup-tools.sh (Debian trixie's {name}, requirements/trixie-tools.lock)"
+    )
