@@ -202,17 +202,26 @@ def _transformers(p: Plan, m: Matrix, metas: dict, published: str) -> None:
     p.changes.append(("transformers", m.project.transformers_version, pin))
 
 
+def _extra_name(entry: str) -> str:
+    return entry.split("==")[0].split("[")[0].lower().replace("_", "-")
+
+
 def _audio(p: Plan, m: Matrix, metas: dict, published: str) -> None:
     names = set()
     for family, (dist, _, meta) in metas.items():
         names |= {r.name.lower() for r in meta["extras"].get("audio", [])}
-    pinned = {e.split("==")[0].split("[")[0].lower().replace("_", "-"): e for e in m.audio_extras}
+    pinned = {_extra_name(e): e for e in m.audio_extras}
     names = {n.replace("_", "-") for n in names}
     # Pins kept in their order; a package the extra adds, at its newest release when VERSION was.
     out = [entry for name, entry in pinned.items() if name in names]
     out += [f"{n}=={pypi.project(n).newest(before=published)}" for n in sorted(names - set(pinned))]
+    # The release file's own list (families bumped to VERSION before these) is kept whole: the
+    # extras are one list per release, and another family's may need what these do not.
+    before = p.release.get("audio_extras") or []
+    held = {_extra_name(e) for e in before}
+    out = list(before) + [e for e in out if _extra_name(e) not in held]
     p.release["audio_extras"] = out
-    p.changes.append(("audio extras", " ".join(m.audio_extras), " ".join(out)))
+    p.changes.append(("audio extras", " ".join(before or m.audio_extras), " ".join(out)))
 
 
 def _upstream(p: Plan, m: Matrix, log=print) -> None:

@@ -79,20 +79,25 @@ def bases(matrix: matrix_mod.Matrix, names: list[str], where: str = "its release
 
 def resolve(entries: list[Base]) -> list[Result]:
     """Each base's registry digest; for a tag that is an index (a vendor's multi-platform tag),
-    also the manifest it names for each platform."""
-    results = []
+    also the manifest it names for each platform. A tag two release files name is asked once."""
+    asked: dict[str, dict] = {}
     for base in entries:
-        image = reference.Reference.split(base.image)
-        try:
-            found = registry.manifest_head(image.host, image.repository, image.tag_or_latest)
-            digest, media_type = found or (None, "")
-            # Only an index is fetched whole: a manifest GET is what Docker Hub counts as a pull.
-            is_index = media_type in registry.INDEX_TYPES
-            held = registry.platform_manifests(image.host, image.repository, digest)[1] if is_index else None
-            results.append(Result(base, digest, platforms=held))
-        except registry.RegistryError as e:
-            results.append(Result(base, error=str(e)))
-    return results
+        if base.image not in asked:
+            asked[base.image] = _ask(base.image)
+    return [Result(base, **asked[base.image]) for base in entries]
+
+
+def _ask(tag: str) -> dict:
+    image = reference.Reference.split(tag)
+    try:
+        found = registry.manifest_head(image.host, image.repository, image.tag_or_latest)
+        digest, media_type = found or (None, "")
+        # Only an index is fetched whole: a manifest GET is what Docker Hub counts as a pull.
+        is_index = media_type in registry.INDEX_TYPES
+        held = registry.platform_manifests(image.host, image.repository, digest)[1] if is_index else None
+        return {"digest": digest, "platforms": held}
+    except registry.RegistryError as e:
+        return {"error": str(e)}
 
 
 def disagreements(matrix: matrix_mod.Matrix, names: list[str], results: list[Result]) -> list[str]:

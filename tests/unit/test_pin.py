@@ -93,3 +93,20 @@ def test_write_refuses_an_edit_that_would_not_give_the_digest_everywhere(tmp_pat
     with pytest.raises(pin.PinError, match=r"pinning reg.example/a:1 would give digests \['None', 'sha256:a"):
         pin.write(path, {"reg.example/a:1": DIGEST_A})
     assert path.read_text() == text and sorted(p.name for p in tmp_path.iterdir()) == ["t.yaml"]
+
+
+def test_a_tag_two_release_files_name_is_asked_once(monkeypatch):
+    asked = []
+
+    def head(host, repository, tag, timeout=20):
+        asked.append(f"{host}/{repository}:{tag}")
+        return (DIGEST_A, "application/vnd.docker.distribution.manifest.v2+json")
+
+    monkeypatch.setattr(registry, "manifest_head", head)
+    tag = "ghcr.io/example/base:1"
+    entries = [
+        pin.Base(tag, None, ["h100"], "releases/vllm-0.30.0.yaml"),
+        pin.Base(tag, DIGEST_A, ["b200"], "releases/vllm-0.32.0.yaml"),
+    ]
+    results = pin.resolve(entries)
+    assert asked == [tag] and [r.state for r in results] == ["unpinned", "ok"]
