@@ -7,7 +7,7 @@ PYTEST_ARGS ?= -m "not device and not platform and not fullsize"
 LANES ?= 2
 
 .DEFAULT_GOAL := help
-.PHONY: help host host-build emulation tools release quickstart image images base bump render lint lock smoke check-fixes port-fixes test test-fast test-publish test-arm64 test-fullsize list bench
+.PHONY: help host host-build emulation tools release quickstart image images base bump render lint lock smoke check-fixes port-fixes test test-fresh test-fast test-publish test-arm64 test-fullsize list bench
 
 help: ## Show targets and variables
 	@echo "usage: make <target> [HW=<hardware>]"
@@ -81,6 +81,11 @@ test: host ## Run the test suite (unit + integration with a real Docker engine),
 # real-wheel checks download their wheels once per machine, then take seconds.
 test-fast: host ## The quick unit tests, for edit-test loops (no Docker; ~1 min)
 	$(PY) -m pytest -m "not integration and not device and not slow and not fullsize" tests/unit
+
+# What a fresh machine (or a new CI runner) gets: the project's images removed and the build cache
+# emptied, then `make test` in a fresh clone; its time and disk go to BENCHMARKS.md.
+test-fresh: host ## make test as a fresh machine runs it (removes the project's images and build cache; ~40 min)
+	$(PY) build.py bench --skip-build --skip-serving --skip-startup --skip-load --skip-pod --tests-fresh
 
 # The supply chain's own lane (tests/lanes.py PUBLISH): what a change to publish/ or the registry
 # tools needs, without the image core's serving tests (~10 min warm).

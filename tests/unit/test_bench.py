@@ -257,3 +257,18 @@ def test_the_arm64_section_gives_each_step_and_says_which_rebuilt_nothing():
     assert table["b300 CUDA stand-in base build (root filesystem and wheelhouse cached)"][0] == "216 s"
     assert table["xeon6 tiny image build"][0] == "7 s (up to date: nothing rebuilt)"
     assert "The b300 image for arm64 built on its CUDA stand-in (8.33 GB" in text and "8.62 GB" in text
+
+
+def test_the_fresh_machine_run_is_judged_against_its_own_target():
+    fresh = {
+        "commit": "abc",
+        "target_s": 1500,
+        "seconds": 1400,
+        "summary": "1300 passed",
+        "disk_used_before_gb": 20.0,
+        "disk_peak_added_gb": 58.3,
+        "disk_kept_gb": 50.1,
+    }
+    text = " ".join(tests_time.section({"fresh": fresh}))
+    assert "23.3 min (target <= 25 min: met)" in text and "+58.3 GB at the peak" in text
+    assert "NOT met" in " ".join(tests_time.section({"fresh": {**fresh, "seconds": 1501}}))
