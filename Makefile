@@ -85,7 +85,7 @@ test-fast: host ## The quick unit tests, for edit-test loops (no Docker; ~1 min)
 # What a fresh machine (or a new CI runner) gets: the project's images removed and the build cache
 # emptied, then `make test` in a fresh clone; its time and disk go to BENCHMARKS.md.
 test-fresh: host ## make test as a fresh machine runs it (removes the project's images and build cache; ~40 min)
-	$(PY) build.py bench --skip-build --skip-serving --skip-startup --skip-load --skip-pod --tests-fresh
+	$(PY) build.py bench --no-build --no-serving --no-startup --no-load --no-pod --tests-fresh
 
 # The supply chain's own lane (tests/lanes.py PUBLISH): what a change to publish/ or the registry
 # tools needs, without the image core's serving tests (~10 min warm).

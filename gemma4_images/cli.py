@@ -994,8 +994,8 @@ def inspect(image):
 @click.option(
     "--tests-fresh",
     is_flag=True,
-    help="Also time `make test` as a fresh machine runs it: the project's images removed and the build "
-    "cache emptied first (~40 min, ~60 GB of disk; `make test-fresh`).",
+    help="Also time `make test` as a fresh machine runs it: the project's images removed and the engine's "
+    "whole build cache emptied first (~40 min, ~60 GB of disk; `make test-fresh`).",
 )
 @click.option(
     "--releases",
@@ -1072,9 +1072,11 @@ def contract_cmd(target, out):
     fixes applied, pinned versions) as a container-structure-test config: `container-structure-test
     test --image IMAGE --config FILE` checks an image with it, without this project."""
     m = load(target)
-    click.echo(
-        reports.write_contract(m, target, out or reports.contract_path(reports.key(target, None, m.report_release)))
-    )
+    path = out or reports.contract_path(reports.key(target, None, m.report_release))
+    try:
+        click.echo(reports.write_contract(m, target, path))
+    except OSError as e:
+        fail(f"cannot write {path}: {e.strerror or e}")
 
 
 @cli.command("sbom")

@@ -50,6 +50,9 @@ PUBLISH = {
     "test_sbom.py",
     "test_no_keys_in_repo.py",
     "test_pin.py",
+    "test_registry.py",
+    "test_provenance.py",
+    "test_reports.py",
 }
 INTEGRATION = "tests/integration/"
 

@@ -15,14 +15,16 @@ import threading
 import time
 from pathlib import Path
 
+from gemma4_images.build import owned
 from gemma4_images.spec.image_code import gemma4_bench as harness
 from gemma4_images.spec.matrix import ROOT
 
 TARGET_S = 15 * 60  # issue 23: `make test` under 15 minutes on 2 cores
 FRESH_TARGET_S = 25 * 60  # issue 43: under 25 minutes from an empty build cache
-# What the suite builds and tags (tests, stand-in bases, images); a fresh machine has none of them.
-PROJECT_IMAGES = ("gemma4-e2b", "gemma4-e2b-test/", "gemma4-e2b-base/")
-DATA_ROOT = "/var/lib/docker"
+# What the suite builds and tags (images, stand-in bases, test images, also under a loopback
+# registry's host): a repository with a path part `gemma4-e2b` or `gemma4-e2b-…`.
+PROJECT = re.compile(r"^gemma4-e2b(-[a-z0-9-]+)?$")
+SUITE_TIMEOUT_S = 3 * 3600
 GB = 1e9
 RUNS = {"two lanes": "2", "one lane (baseline)": "0"}
 SUMMARY = re.compile(r"=+ (.*\d+ passed.*) in [\d.]+s")
@@ -59,16 +61,27 @@ def measure(log=print) -> dict:
 def _make_test(clone: Path, lanes: str, log) -> tuple[float, subprocess.CompletedProcess]:
     log(f"tests: make test LANES={lanes} in {clone}")
     start = time.monotonic()
-    run = subprocess.run(["make", "test", f"LANES={lanes}"], cwd=clone, capture_output=True, text=True)
+    run = subprocess.run(
+        ["make", "test", f"LANES={lanes}"], cwd=clone, capture_output=True, text=True, timeout=SUITE_TIMEOUT_S
+    )
     return time.monotonic() - start, run
 
 
+def project_image(tag: str) -> bool:
+    repository = tag.rpartition(":")[0] if ":" in tag.rpartition("/")[2] else tag
+    return any(PROJECT.match(part) for part in repository.split("/"))
+
+
 def _empty_the_engine(client, log) -> None:
-    """The project's images removed and the build cache emptied: what a fresh machine starts from."""
+    """The project's images removed and the build cache emptied (the engine's whole cache: a fresh
+    machine has none), refused while a container of this project runs (a job using them)."""
+    running = client.containers.list(filters={"label": owned.LABEL})
+    if running:
+        names = ", ".join(c.name for c in running)
+        raise RuntimeError(f"containers of this project are running ({names}): let that job end first")
     for image in client.images.list():
-        if any(t.startswith(PROJECT_IMAGES) for t in image.tags):
+        if any(project_image(t) for t in image.tags):
             client.images.remove(image.id, force=True)
-    client.images.prune(filters={"dangling": True})
     client.api.prune_builds(all=True)
     log(f"tests: engine emptied of the project's images and build cache ({len(client.images.list())} images left)")
 
@@ -78,21 +91,23 @@ def measure_fresh(client, log=print) -> dict:
     clone = Path(tempfile.mkdtemp(prefix=".bench-tests-fresh-", dir=ROOT.parent))
     peak, done = [0], threading.Event()
 
+    data_root = client.info()["DockerRootDir"]
+
     def sample() -> None:
         while not done.wait(5):
-            peak[0] = max(peak[0], shutil.disk_usage(DATA_ROOT).used)
+            peak[0] = max(peak[0], shutil.disk_usage(data_root).used)
 
     try:
         subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=clone, capture_output=True, text=True)
         _empty_the_engine(client, log)
-        before = peak[0] = shutil.disk_usage(DATA_ROOT).used
+        before = peak[0] = shutil.disk_usage(data_root).used
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
         seconds, run = _make_test(clone, "2", log)
         done.set()
         sampler.join()
-        after = shutil.disk_usage(DATA_ROOT).used
+        after = shutil.disk_usage(data_root).used
         found = SUMMARY.findall(run.stdout)
         out = {
             "commit": head.stdout.strip(),

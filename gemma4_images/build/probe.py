@@ -12,10 +12,7 @@ import tarfile
 from docker.errors import NotFound
 
 from gemma4_images.build import owned
-
-# Where every image keeps the records of its build (the entrypoint's --write-build-info, the fixes
-# applier's DEFAULT_MANIFEST in patches/apply_all.py, the recipe the template copies).
-RECORDS = "/etc/gemma4-e2b"
+from gemma4_images.spec.facts import RECORDS
 
 
 def python(client, image: str, script: str):

@@ -10,6 +10,7 @@ import hashlib
 import ipaddress
 import json
 import os
+import re
 import subprocess
 import tempfile
 import urllib.error
@@ -65,11 +66,10 @@ def binary() -> str:
 def _oras(args: list[str], host: str, what: str, timeout: float, data: bytes | None = None) -> bytes:
     """oras's output for args against host; its error as one RegistryError line (unreachable: a
     RegistryUnavailable; a login it lacks: the `docker login` that fixes it)."""
-    flags = ["--plain-http"] if scheme(host) == "http" else []
-    if docker_config_path().is_file():  # oras's own default is ~/.docker/config.json, whatever DOCKER_CONFIG says
-        flags += ["--registry-config", str(docker_config_path())]
+    flags = ["--plain-http"] if scheme(host) == "http" else []  # oras assumes HTTPS but for `localhost`
+    stdin = {"input": data} if data is not None else {"stdin": subprocess.DEVNULL}
     try:
-        run = subprocess.run([binary(), *args, *flags], input=data, capture_output=True, timeout=timeout)
+        run = subprocess.run([binary(), *args, *flags], capture_output=True, timeout=timeout, **stdin)
     except subprocess.TimeoutExpired:
         raise RegistryUnavailable(f"{host}: no answer in {timeout:.0f} s — is the registry reachable?") from None
     if run.returncode == 0:
@@ -77,7 +77,8 @@ def _oras(args: list[str], host: str, what: str, timeout: float, data: bytes | N
     said = " ".join(run.stderr.decode(errors="replace").split()).removeprefix("Error: ")
     if any(s in said for s in ("connection refused", "no such host", "i/o timeout", "network is unreachable")):
         raise RegistryUnavailable(f"{api_host(host)}: {said} — is the registry reachable?")
-    if any(s in said for s in ("unauthorized", "authentication required", "denied")):
+    # oras 1.2.0 says "basic credential not found" without a login, "401: Unauthorized" with a wrong one
+    if re.search(r"unauthorized|\b401\b|credential not found|authentication required|denied", said, re.I):
         said += f" (log in with `docker login {host}`)"
     raise RegistryError(f"{what}: {said}")
 

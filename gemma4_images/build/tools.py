@@ -12,8 +12,9 @@ TOOLS = Path(os.environ.get("GEMMA4_TOOLS_DIR", "/usr/local/lib/gemma4-images/bi
 
 
 def find(name: str) -> str | None:
-    """The tool on PATH, else in the setup script's folder; None when neither has it."""
-    return shutil.which(name) or (str(TOOLS / name) if (TOOLS / name).is_file() else None)
+    """The pinned tool in the setup script's folder, else one on PATH (a host's own; the code relies
+    on the pinned releases' flags and messages); None when neither has it."""
+    return str(TOOLS / name) if (TOOLS / name).is_file() else shutil.which(name)
 
 
 def missing(name: str) -> str:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from gemma4_images.build import probe
 from gemma4_images.build.docker_build import local_image
-from gemma4_images.build.probe import RECORDS
 from gemma4_images.check import cargo_auditable
+from gemma4_images.spec.facts import RECORDS
 from gemma4_images.spec.matrix import ROOT, Matrix, dockerfile_name
 
 DPKG_STATUS = "/var/lib/dpkg/status"

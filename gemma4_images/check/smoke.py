@@ -15,11 +15,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from gemma4_images.build import probe
-from gemma4_images.build.probe import RECORDS
 from gemma4_images.check import server
 from gemma4_images.check.sampling_checks import SamplingChecks, Skipped
 from gemma4_images.check.server import http
-from gemma4_images.spec.facts import BUILD_FACTS
+from gemma4_images.spec.facts import BUILD_FACTS, RECORDS
 from gemma4_images.spec.image_code import gemma4_serve
 from gemma4_images.spec.matrix import Matrix
 

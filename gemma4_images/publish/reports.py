@@ -39,7 +39,7 @@ REPORTS_ENV = "GEMMA4_REPORTS"
 
 def folder() -> Path:
     """The reports folder every command writes and reads (smoke reports, SBOM, provenance,
-    pushed.json, signatures): the checkout's reports/ from any working directory, or the folder
+    pushed.json, the node policy): the checkout's reports/ from any working directory, or the folder
     GEMMA4_REPORTS names (a CI job's artifacts)."""
     return Path(os.environ.get(REPORTS_ENV) or ROOT / "reports")
 

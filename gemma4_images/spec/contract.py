@@ -14,9 +14,9 @@ import re
 import shlex
 
 from gemma4_images.spec import facts
+from gemma4_images.spec.facts import RECORDS
 from gemma4_images.spec.matrix import Matrix
 
-RECORDS = "/etc/gemma4-e2b"  # the build's records (the Dockerfile's WORKDIR sibling; probe.RECORDS)
 ENTRYPOINT = "/usr/local/bin/gemma4-serve"
 # Labels every build of a target at one release carries alike (facts.BUILD_FACTS holds them all).
 STABLE_LABELS = (

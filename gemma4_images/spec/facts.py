@@ -12,6 +12,10 @@ from datetime import datetime, timezone
 from gemma4_images.spec.matrix import ROOT, Matrix
 from gemma4_images.spec.reference import Reference
 
+# Where every image keeps the records of its build (the entrypoint's --write-build-info, the fixes
+# applier's DEFAULT_MANIFEST in patches/apply_all.py, the recipe the template copies).
+RECORDS = "/etc/gemma4-e2b"
+
 # Where the build host serves wheels to a build (the audio extras, the CPU base's wheelhouse); fixed,
 # so the build arg, and with it the layer cache, stays the same from run to run.
 WHEELHOUSE_PORT = 38471

@@ -10,6 +10,7 @@ change") and trixie's needs glibc 2.38, so it runs in a trixie root filesystem m
 (mmdebstrap, docker import), a test tool, not a product image."""
 
 import base64
+import gzip
 import json
 import os
 import subprocess
@@ -253,24 +254,44 @@ def test_a_report_older_than_the_image_is_refused_before_anything_is_pushed(
     assert registry_api.manifest_digest(host, path, NAME) is None
 
 
+def blobs_holding(root: Path, secret: bytes) -> list[Path]:
+    """The registry's blobs (under its storage root) holding secret, gzip-compressed layers opened."""
+    found = []
+    for blob in (root / "data").rglob("data"):
+        data = blob.read_bytes()
+        if data[:2] == b"\x1f\x8b":
+            data = gzip.decompress(data)
+        if secret in data:
+            found.append(blob)
+    return found
+
+
 def test_the_signing_key_and_its_password_reach_no_image_or_registry_blob(
     client, registry, images, keys, tmp_path, inline_build
 ):
-    """Signing happens after the build, outside it. The scans are shown to find the key first, in an
-    image that deliberately copies it in."""
+    """Signing happens after the build, outside it. Both scans are shown to find the key, in an image
+    that deliberately copies it in, pushed last."""
     secrets = [keys["key"].read_bytes(), keys["password"].read_text().strip().encode()]
+    entry = signed_push(registry, images[0], reports(tmp_path / "reports", images[0]), keys)
+    pushed = client.images.get(f"{entry['repository']}@{entry['digest']}")
+    assert [f for s in secrets for f in files_holding(client, pushed, [], s)] == []
+    # Every blob the registry stored: the image's, the signature's, the attestations'.
+    assert len(list((tmp_path / "data").rglob("data"))) >= 6
+    assert [b for s in secrets for b in blobs_holding(tmp_path, s)] == []
+
     leaky = inline_build(
         'FROM scratch\nCOPY cosign.key /cosign.key\nLABEL io.gemma4-images.test="key leak"\n',
         "gemma4-e2b-test/sign:leaky",
         files={"cosign.key": keys["key"]},
     )
     assert files_holding(client, client.images.get(leaky), [], secrets[0])
-    entry = signed_push(registry, images[0], reports(tmp_path / "reports", images[0]), keys)
-    pushed = client.images.get(f"{entry['repository']}@{entry['digest']}")
-    assert [f for s in secrets for f in files_holding(client, pushed, [], s)] == []
-    # Every blob the registry stored (the image's, the signature's, the attestations'), read raw.
-    blobs = [p for p in (tmp_path / "data").rglob("data") if p.is_file()]
-    assert len(blobs) >= 6 and not [p for p in blobs for s in secrets if s in p.read_bytes()]
+    client.images.get(leaky).tag(f"{registry}/leaky", "1")
+    try:
+        for chunk in client.api.push(f"{registry}/leaky", tag="1", stream=True, decode=True):
+            assert "error" not in chunk, chunk
+    finally:
+        client.images.remove(f"{registry}/leaky:1")
+    assert blobs_holding(tmp_path, secrets[0])
 
 
 # -- the node side: containers-policy.json with sigstoreSigned ---------------------------------

@@ -294,7 +294,9 @@ def test_verify_platform_on_a_single_image_is_refused_unless_it_is_that_platform
 
 
 def _nothing_pushed(host):
-    listed = subprocess.run([registry_api.binary(), "repo", "ls", "--plain-http", host], capture_output=True, text=True)
+    listed = subprocess.run(
+        [registry_api.binary(), "repo", "ls", "--plain-http", host], capture_output=True, text=True, timeout=60
+    )
     return listed.returncode == 0 and listed.stdout.strip() == ""
 
 

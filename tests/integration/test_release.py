@@ -4,28 +4,20 @@ loopback (local_registry.py) signed and attested by cosign, and verified there."
 
 import json
 import os
-import subprocess
 
 import local_registry
 import pytest
 
-from gemma4_images.publish import cosign
 from gemma4_images.publish import reports as reports_mod
 from tests.cli import build_py
+from tests.cosign_keys import key_pair
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
 def keys(tmp_path):
-    made = subprocess.run(
-        [cosign.binary(), "generate-key-pair"],
-        cwd=tmp_path,
-        capture_output=True,
-        env={**os.environ, "COSIGN_PASSWORD": ""},
-    )
-    assert made.returncode == 0, made.stderr
-    return tmp_path / "cosign.key", tmp_path / "cosign.pub"
+    return key_pair(tmp_path / "keys", "")
 
 
 def test_release_builds_smokes_pushes_signed_and_verifies_the_cpu_image(

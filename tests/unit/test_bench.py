@@ -272,3 +272,19 @@ def test_the_fresh_machine_run_is_judged_against_its_own_target():
     text = " ".join(tests_time.section({"fresh": fresh}))
     assert "23.3 min (target <= 25 min: met)" in text and "+58.3 GB at the peak" in text
     assert "NOT met" in " ".join(tests_time.section({"fresh": {**fresh, "seconds": 1501}}))
+
+
+def test_a_fresh_run_removes_only_the_projects_images():
+    ours = ["gemma4-e2b:xeon6-v0.30.0", "gemma4-e2b-base/vllm-cpu:v0.30.0-local", "127.0.0.1:5000/ml/gemma4-e2b:x"]
+    theirs = ["gemma4-e2bx:1", "debian:bookworm", "registry.example:5000/gemma4:e2b", "ubuntu"]
+    assert [tests_time.project_image(t) for t in ours + theirs] == [True] * 3 + [False] * 4
+
+
+def test_make_test_fresh_passes_options_bench_has():
+    import shlex
+
+    from gemma4_images import cli
+
+    (recipe,) = [line for line in (matrix.ROOT / "Makefile").read_text().splitlines() if "--tests-fresh" in line]
+    args = shlex.split(recipe.split("build.py bench", 1)[1])
+    assert cli.bench_cmd.make_context("bench", args).params["tests_fresh"]

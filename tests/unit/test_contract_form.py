@@ -67,3 +67,11 @@ def test_the_command_writes_the_release_asked_for(tmp_path):
     assert labels["org.opencontainers.image.version"] == "xeon6-v0.32.0"
     bad = build_py("contract", "xeon7", "--out", str(tmp_path / "bad.yaml"))
     assert bad.returncode == 2 and not (tmp_path / "bad.yaml").exists()
+
+
+def test_a_path_it_cannot_write_is_one_line(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    run = build_py("contract", "xeon6", "--out", str(blocker / "c.yaml"))
+    assert run.returncode == 1 and run.stderr.startswith(f"error: cannot write {blocker / 'c.yaml'}: ")
+    assert run.stderr.count("\n") == 1 and blocker.read_text() == ""
