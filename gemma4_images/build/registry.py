@@ -57,10 +57,7 @@ def docker_config_path() -> Path:
 
 
 def binary() -> str:
-    found = tools.find("oras")
-    if found is None:
-        raise RegistryError(tools.missing("oras"))
-    return found
+    return tools.require("oras", RegistryError)
 
 
 def _oras(args: list[str], host: str, what: str, timeout: float, data: bytes | None = None) -> bytes:

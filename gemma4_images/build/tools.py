@@ -17,6 +17,14 @@ def find(name: str) -> str | None:
     return str(TOOLS / name) if (TOOLS / name).is_file() else shutil.which(name)
 
 
+def require(name: str, error: type[Exception]) -> str:
+    """find(name), else error with the one line naming the setup command."""
+    found = find(name)
+    if found is None:
+        raise error(missing(name))
+    return found
+
+
 def missing(name: str) -> str:
     return (
         f"{name} is not installed: run scripts/setup-tools.sh (Debian trixie's {name}, requirements/trixie-tools.lock)"

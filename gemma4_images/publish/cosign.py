@@ -43,10 +43,7 @@ class CosignError(Exception):
 
 
 def binary() -> str:
-    found = tools.find("cosign")
-    if found is None:
-        raise CosignError(tools.missing("cosign"))
-    return found
+    return tools.require("cosign", CosignError)
 
 
 def _registry_flags(host: str) -> list[str]:
